@@ -1,0 +1,56 @@
+# rljob developer entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Slow builds (Go binaries) and downloads are cached outside the repo, keyed by version.
+export RLJOB_CACHE ?= $(HOME)/.cache/rljob
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test test-unit test-e2e lint crds crds-check docs docs-check cluster-up cluster-down demo
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,operator]'
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv with the package and its dev/operator extras
+
+lint: venv ## ruff check + format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+crds: venv ## regenerate crds/ from the pydantic models
+	$(PY) -m rljob_api.crdgen --out crds
+
+crds-check: venv ## fail when crds/ is stale
+	$(PY) -m rljob_api.crdgen --check crds
+
+docs: venv ## regenerate docs/api-reference.md from the models
+	$(PY) -m rljob_api.docgen --out docs/api-reference.md
+
+docs-check: venv ## fail when docs/api-reference.md is stale
+	$(PY) -m rljob_api.docgen --check docs/api-reference.md
+
+test-unit: venv ## unit tests (no cluster, no GPU)
+	$(PY) -m pytest tests/unit -q
+
+test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
+	$(PY) -m pytest tests/e2e -q -m e2e
+
+test: lint crds-check docs-check test-unit test-e2e ## everything CI runs
+
+cluster-up: venv ## start (or reuse) the local control plane: etcd, apiserver, scheduler, kwok, KubeRay, Ray
+	$(PY) tools/devcluster/devcluster.py up
+
+cluster-down: venv ## stop the local control plane
+	$(PY) tools/devcluster/devcluster.py down
+
+demo: ## (not yet) apply the CPU GRPO demo job on the local control plane and watch it learn
+	@echo "make demo is not implemented yet: it lands with the 'make demo' issue (#6)." >&2
+	@echo "Meanwhile: 'make test' runs the test suite; examples/manifests/ holds the job manifests." >&2
+	@exit 2

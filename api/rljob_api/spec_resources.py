@@ -1,0 +1,283 @@
+"""Where and on what the job runs: GPUs, pods, placement, image, environment and secrets."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from .base import (
+    ENV_NAME_PATTERN,
+    ApiModel,
+    LabelKey,
+    LabelValue,
+    Name,
+    Quantity,
+    ShortText,
+    section,
+)
+from .rules import Rule, immutable
+
+_GANG = "the GPU gang is fixed for the life of the job; create a new job to resize it"
+
+NodeSelector = Annotated[dict[LabelKey, LabelValue], Field(max_length=32)]
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    rules = (
+        Rule(
+            cel="self.operator != 'Exists' || !has(self.value)",
+            message="value must be empty when operator is Exists",
+            field=".value",
+            check=lambda t: t.operator != "Exists" or t.value is None,
+        ),
+    )
+
+    key: LabelKey | None = Field(
+        default=None, description="Taint key; empty with operator Exists matches all."
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: LabelValue | None = Field(default=None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+Tolerations = Annotated[list[Toleration], Field(max_length=32)]
+
+
+class KeySelector(ApiModel):
+    """A key of a Secret or ConfigMap in the job's namespace."""
+
+    name: Name = Field(description="Name of the Secret or ConfigMap.")
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Key inside it.")
+    optional: bool = Field(default=False, description="Start even if it does not exist.")
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from."""
+
+    rules = (
+        Rule(
+            cel="has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            message="set exactly one of secretKeyRef and configMapKeyRef",
+            field=".secretKeyRef",
+            check=lambda v: (v.secret_key_ref is None) != (v.config_map_key_ref is None),
+        ),
+    )
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the runtime containers."""
+
+    rules = (
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set value or valueFrom, not both",
+            field=".valueFrom",
+            check=lambda e: e.value is None or e.value_from is None,
+        ),
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)] = Field(
+        description="Variable name."
+    )
+    value: Annotated[str, Field(max_length=32768)] | None = Field(default=None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(default=None, description="Value from a Secret or ConfigMap key.")
+
+
+class SecretsSpec(ApiModel):
+    """Credentials the runtime needs, as references to Secrets in the job's namespace."""
+
+    hugging_face_token: KeySelector | None = Field(
+        default=None, description="Exposed as HF_TOKEN: downloads of gated models from the hub."
+    )
+    wandb_api_key: KeySelector | None = Field(
+        default=None, description="Exposed as WANDB_API_KEY: metrics to Weights & Biases."
+    )
+
+
+class PodResources(ApiModel):
+    """CPU and memory of one pod."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8 or '500m'.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. '64Gi'.")
+
+
+class HeadSpec(PodResources):
+    """The Ray head pod (no GPUs; runs the driver, the router and the data source)."""
+
+    cpu: Quantity | None = Field(default="2", description="CPU of the head pod.")
+    memory: Quantity | None = Field(default="8Gi", description="Memory of the head pod.")
+
+
+class TrainerResources(PodResources):
+    """Trainer GPUs: nodes x gpusPerNode, one trainer process per GPU."""
+
+    rules = (
+        immutable("nodes", "nodes", hint=_GANG),
+        immutable("gpusPerNode", "gpus_per_node", hint=_GANG),
+    )
+
+    nodes: int = Field(default=1, ge=1, le=1024, description="Trainer pods (one per node).")
+    gpus_per_node: int = Field(
+        default=8,
+        ge=1,
+        le=16,
+        description="GPUs per trainer pod. With device cpu: trainer processes per pod.",
+    )
+    node_selector: NodeSelector = Field(
+        default_factory=dict,
+        description="Extra node labels for trainer pods (merged over resources.nodeSelector).",
+    )
+    tolerations: Tolerations = Field(
+        default_factory=list,
+        description="Extra tolerations for trainer pods (added to resources.tolerations).",
+    )
+
+
+class RolloutResources(PodResources):
+    """Rollout GPUs: the SGLang engines."""
+
+    rules = (
+        immutable("gpus", "gpus", optional=True, hint=_GANG),
+        immutable("gpusPerEngine", "gpus_per_engine", hint=_GANG),
+    )
+
+    gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=16384,
+        description="GPUs for rollout engines. Colocated: defaults to (and must equal) the trainer GPUs. "
+        "Disaggregated: required; engines get their own pods.",
+    )
+    gpus_per_engine: int = Field(
+        default=1, ge=1, le=64, description="GPUs per engine (SGLang tensor parallelism); must divide gpus."
+    )
+    gpus_per_node: int = Field(
+        default=8,
+        ge=1,
+        le=16,
+        description="Disaggregated only: GPUs per rollout pod (pods = gpus / gpusPerNode, rounded up).",
+    )
+    node_selector: NodeSelector = Field(
+        default_factory=dict,
+        description="Extra node labels for rollout pods (merged over resources.nodeSelector).",
+    )
+    tolerations: Tolerations = Field(
+        default_factory=list,
+        description="Extra tolerations for rollout pods (added to resources.tolerations).",
+    )
+
+
+_ROLLOUT_GPUS_CEL = (
+    "(has(self.rollout.gpus) ? self.rollout.gpus : self.trainer.nodes * self.trainer.gpusPerNode)"
+)
+
+
+def rollout_gpus(resources: ResourcesSpec) -> int:
+    """Rollout GPUs: rollout.gpus, or the trainer GPUs when colocated and unset."""
+    if resources.rollout.gpus is not None:
+        return resources.rollout.gpus
+    return resources.trainer.nodes * resources.trainer.gpus_per_node
+
+
+class ResourcesSpec(ApiModel):
+    """Pods, GPUs and placement."""
+
+    rules = (
+        Rule(
+            cel="self.colocate || has(self.rollout.gpus)",
+            message="rollout.gpus is required when colocate is false: the engines get GPUs of their own",
+            field=".rollout.gpus",
+            check=lambda r: r.colocate or r.rollout.gpus is not None,
+        ),
+        Rule(
+            cel="!self.colocate || !has(self.rollout.gpus) || "
+            "self.rollout.gpus == self.trainer.nodes * self.trainer.gpusPerNode",
+            message="with colocate true, rollout.gpus = {rollout} must equal the trainer GPUs, "
+            "trainer.nodes * trainer.gpusPerNode = {trainer} (leave rollout.gpus unset to use them)",
+            field=".rollout.gpus",
+            check=lambda r: (
+                not r.colocate
+                or r.rollout.gpus is None
+                or r.rollout.gpus == r.trainer.nodes * r.trainer.gpus_per_node
+            ),
+            values={
+                "rollout": ("self.rollout.gpus", lambda r: r.rollout.gpus),
+                "trainer": (
+                    "self.trainer.nodes * self.trainer.gpusPerNode",
+                    lambda r: r.trainer.nodes * r.trainer.gpus_per_node,
+                ),
+            },
+        ),
+        Rule(
+            cel=f"{_ROLLOUT_GPUS_CEL} % self.rollout.gpusPerEngine == 0",
+            message="rollout.gpusPerEngine = {per} must divide the rollout GPUs = {gpus}",
+            field=".rollout.gpusPerEngine",
+            check=lambda r: rollout_gpus(r) % r.rollout.gpus_per_engine == 0,
+            values={
+                "per": ("self.rollout.gpusPerEngine", lambda r: r.rollout.gpus_per_engine),
+                "gpus": (_ROLLOUT_GPUS_CEL, lambda r: rollout_gpus(r)),
+            },
+        ),
+        immutable("device", "device", hint=_GANG),
+        immutable("colocate", "colocate", hint=_GANG),
+    )
+
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="cuda: pods request GPUs (gpuResourceName); cpu: no GPUs, each 'GPU' below is one CPU "
+        "process slot (needs rollout.engine hf and training.backend torch).",
+    )
+    gpu_resource_name: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        default="nvidia.com/gpu", description="Extended resource that pods request for GPUs."
+    )
+    colocate: bool = Field(
+        default=True,
+        description="Trainer and rollout engines share the same GPUs, taking turns (engines release their "
+        "memory while the trainer steps). false: separate trainer and rollout pods (disaggregated).",
+    )
+    trainer: TrainerResources = section(TrainerResources, "Trainer pods and GPUs.")
+    rollout: RolloutResources = section(RolloutResources, "Rollout engine GPUs.")
+    head: HeadSpec = section(HeadSpec, "The Ray head pod.")
+    shm_size: Quantity = Field(
+        default="16Gi", description="Size of /dev/shm in GPU pods (NCCL and CUDA IPC need a large one)."
+    )
+    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        default="rljob/runtime:0.1.0",
+        description="Runtime container image (rljob, Ray, torch, SGLang, Megatron).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of all pods."
+    )
+    image_pull_secrets: list[Name] = Field(
+        default_factory=list, max_length=16, description="Names of Secrets for pulling the image."
+    )
+    node_selector: NodeSelector = Field(default_factory=dict, description="Node labels every pod requires.")
+    tolerations: Tolerations = Field(default_factory=list, description="Tolerations of every pod.")
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod affinity/anti-affinity of every pod (core/v1 Affinity), e.g. to keep a job in one zone.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    priority_class_name: ShortText | None = Field(
+        default=None, description="PriorityClass of the pods (preemption and queue order)."
+    )
+    service_account_name: Name | None = Field(
+        default=None,
+        description="ServiceAccount for the pods; by default the operator creates one that may only "
+        "report this job's progress.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Environment of every container."
+    )
+    secrets: SecretsSpec = section(SecretsSpec, "Credentials from Secrets.")

@@ -1,0 +1,104 @@
+"""RLTrainingJobStatus: what the operator observed and what the runtime reported.
+
+The operator writes everything but `progress` (field manager rljob-operator); the runtime writes
+`progress` (field manager rljob-runtime) through the status subresource.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import ApiModel, LabelName, Name
+
+Phase = Literal["Pending", "Queued", "Converting", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
+PHASES: tuple[str, ...] = Phase.__args__
+
+ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
+CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__
+
+
+class Condition(ApiModel):
+    """A condition in metav1.Condition shape (what kstatus, Argo CD and kubectl wait understand)."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)] = Field(
+        description="Ready, Reconciling, Stalled, Queued, Succeeded, Failed or Suspended."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this condition was computed from."
+    )
+    last_transition_time: datetime = Field(description="When status last changed.")
+    reason: Annotated[
+        str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    ] = Field(description="CamelCase reason for the last transition, e.g. InsufficientQuota.")
+    message: Annotated[str, Field(max_length=32768)] = Field(
+        description="What happened and, when something is wrong, what to do about it."
+    )
+
+
+class Progress(ApiModel):
+    """Training progress, reported by the runtime after every rollout step."""
+
+    step: int = Field(default=0, ge=0, description="Rollout steps completed.")
+    num_rollout: int = Field(
+        default=0, ge=0, description="Rollout steps in the job (spec.training.numRollout)."
+    )
+    step_text: Annotated[str, Field(max_length=64)] = Field(
+        default="", description="step/numRollout, e.g. 120/3000 (the STEP column)."
+    )
+    reward_mean: float | None = Field(default=None, description="Mean reward of the last rollout step.")
+    reward_std: float | None = Field(default=None, description="Reward standard deviation of the last step.")
+    response_length_mean: float | None = Field(default=None, description="Mean response length in tokens.")
+    step_seconds: float | None = Field(default=None, ge=0, description="Wall time of the last step.")
+    eta_seconds: int | None = Field(default=None, ge=0, description="Estimated time to the last step.")
+    eval: Annotated[dict[Annotated[str, Field(max_length=63)], float], Field(max_length=16)] = Field(
+        default_factory=dict, description="Mean reward of the latest evaluation, per evaluation dataset."
+    )
+    last_checkpoint: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Path of the latest saved checkpoint."
+    )
+    last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the latest checkpoint.")
+    updated_at: datetime | None = Field(default=None, description="When the runtime last reported.")
+
+
+class Children(ApiModel):
+    """Names of the objects the operator created for this job (all in its namespace)."""
+
+    ray_job: Name | None = Field(default=None, description="The KubeRay RayJob running the runtime.")
+    ray_cluster: Name | None = Field(default=None, description="The RayCluster KubeRay created for it.")
+    service_account: Name | None = Field(
+        default=None, description="The ServiceAccount the runtime uses to report progress."
+    )
+    conversion_jobs: list[Name] = Field(
+        default_factory=list, max_length=16, description="Checkpoint-conversion batch/v1 Jobs."
+    )
+
+
+class RLTrainingJobStatus(ApiModel):
+    """Observed state of an RLTrainingJob."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the operator last acted on."
+    )
+    phase: Phase | None = Field(
+        default=None,
+        description="Pending, Queued, Converting, Starting, Running, Succeeded, Failed or Suspended.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Reconciling, Stalled, Queued, Succeeded, Failed, Suspended.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    progress: Progress | None = Field(default=None, description="Training progress reported by the runtime.")
+    children: Children | None = Field(default=None, description="Objects created for this job.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs the job requests (trainer + rollout).")
+    queue: LabelName | None = Field(default=None, description="Kueue LocalQueue the job was submitted to.")
+    restarts: int | None = Field(default=None, ge=0, description="Times the Ray job was retried.")
+    start_time: datetime | None = Field(
+        default=None, description="When the job's Ray cluster was first created."
+    )
+    completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")

@@ -1,0 +1,1 @@
+"""The rljob operator: reconciles RLTrainingJobs into KubeRay RayJobs."""

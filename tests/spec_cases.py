@@ -1,0 +1,288 @@
+"""Shared test cases for the RLTrainingJob spec rules.
+
+The same table drives the unit tests (pydantic models, CEL evaluated in Python) and the e2e tests
+(the real API server), so both sides are held to the same verdicts and messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+# A valid 8-GPU colocated GRPO spec: every case below changes it in one place.
+BASE_SPEC: dict[str, Any] = {
+    "model": {"path": "Qwen/Qwen3-4B"},
+    "data": {"path": "/data/train.jsonl"},
+    "rollout": {"batchSize": 32, "nSamplesPerPrompt": 8},
+    "training": {"globalBatchSize": 256},
+    "resources": {"trainer": {"nodes": 1, "gpusPerNode": 8}},
+}
+
+
+def patched(patch: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Deep-merge `patch` into a copy of the base spec (dicts merge, None deletes, the rest replaces)."""
+    out = copy.deepcopy(BASE_SPEC if base is None else base)
+    _merge(out, patch)
+    return out
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+@dataclass(frozen=True)
+class Case:
+    """An invalid spec: `patch` over BASE_SPEC; the error must name `path` and contain `message`."""
+
+    name: str
+    patch: dict[str, Any]
+    path: str
+    message: str
+    valid_patch: dict[str, Any] = field(default_factory=dict)  # a nearby spec that passes the same rule
+
+
+RULE_CASES = [
+    Case(
+        "batch-identity",
+        {"rollout": {"batchSize": 30}},
+        "spec.training.globalBatchSize",
+        "rollout.batchSize * rollout.nSamplesPerPrompt = 240 must be a multiple of training.globalBatchSize = 256",
+        {"rollout": {"batchSize": 64}},
+    ),
+    Case(
+        "model-parallel-divides-trainer-gpus",
+        {"training": {"parallelism": {"tensor": 3}}},
+        "spec.training.parallelism",
+        "training.parallelism tensor * pipeline * context = 3 must divide the trainer GPUs, "
+        "resources.trainer.nodes * resources.trainer.gpusPerNode = 8",
+        {"training": {"parallelism": {"tensor": 2, "pipeline": 2}, "globalBatchSize": 64}},
+    ),
+    Case(
+        "expert-divides-stage-gpus",
+        {"training": {"parallelism": {"expert": 3}}},
+        "spec.training.parallelism.expert",
+        "training.parallelism.expert = 3 must divide the trainer GPUs per pipeline stage = 8",
+        {"training": {"parallelism": {"expert": 4}}},
+    ),
+    Case(
+        "global-batch-fills-data-parallel-micro-batches",
+        {"training": {"microBatchSize": 3}},
+        "spec.training.globalBatchSize",
+        "training.globalBatchSize = 256 must be a multiple of micro-batch size * data-parallel size = 3 * 8",
+        {"training": {"microBatchSize": 4}},
+    ),
+    Case(
+        "cpu-device-needs-hf-and-torch",
+        {"resources": {"device": "cpu"}},
+        "spec.resources.device",
+        "resources.device cpu needs rollout.engine hf and training.backend torch (got engine sglang, backend megatron)",
+        {"resources": {"device": "cpu"}, "rollout": {"engine": "hf"}, "training": {"backend": "torch"}},
+    ),
+    Case(
+        "async-needs-disaggregated",
+        {"rollout": {"async": {"enabled": True}}},
+        "spec.rollout.async.enabled",
+        "rollout.async.enabled needs resources.colocate false",
+        {"rollout": {"async": {"enabled": True}}, "resources": {"colocate": False, "rollout": {"gpus": 8}}},
+    ),
+    Case(
+        "over-sampling-at-least-batch",
+        {"algorithm": {"dynamicSampling": {"enabled": True, "overSamplingBatchSize": 16}}},
+        "spec.algorithm.dynamicSampling.overSamplingBatchSize",
+        "algorithm.dynamicSampling.overSamplingBatchSize = 16 must be at least rollout.batchSize = 32",
+        {"algorithm": {"dynamicSampling": {"enabled": True, "overSamplingBatchSize": 64}}},
+    ),
+    Case(
+        "colocated-rollout-gpus-equal-trainer",
+        {"resources": {"rollout": {"gpus": 4}}},
+        "spec.resources.rollout.gpus",
+        "with colocate true, rollout.gpus = 4 must equal the trainer GPUs, trainer.nodes * trainer.gpusPerNode = 8",
+        {"resources": {"rollout": {"gpus": 8}}},
+    ),
+    Case(
+        "disaggregated-needs-rollout-gpus",
+        {"resources": {"colocate": False}},
+        "spec.resources.rollout.gpus",
+        "rollout.gpus is required when colocate is false",
+        {"resources": {"colocate": False, "rollout": {"gpus": 4}}},
+    ),
+    Case(
+        "gpus-per-engine-divides-rollout-gpus",
+        {"resources": {"rollout": {"gpusPerEngine": 3}}},
+        "spec.resources.rollout.gpusPerEngine",
+        "rollout.gpusPerEngine = 3 must divide the rollout GPUs = 8",
+        {"resources": {"rollout": {"gpusPerEngine": 4}}},
+    ),
+    Case(
+        "eps-clip-high-at-least-eps-clip",
+        {"algorithm": {"epsClipHigh": 0.1}},
+        "spec.algorithm.epsClipHigh",
+        "epsClipHigh = 0.1 must be at least epsClip = 0.2",
+        {"algorithm": {"epsClipHigh": 0.28}},
+    ),
+    Case(
+        "kl-loss-needs-coefficient",
+        {"algorithm": {"useKLLoss": True}},
+        "spec.algorithm.klLossCoef",
+        "useKLLoss is true but klLossCoef is 0",
+        {"algorithm": {"useKLLoss": True, "klLossCoef": 0.001}},
+    ),
+    Case(
+        "tis-clip-low-below-high",
+        {"algorithm": {"tis": {"enabled": True, "clipLow": 3.0}}},
+        "spec.algorithm.tis.clipLow",
+        "clipLow = 3 must be below clipHigh = 2",
+        {"algorithm": {"tis": {"enabled": True, "clipLow": 0.5}}},
+    ),
+    Case(
+        "min-lr-at-most-lr",
+        {"training": {"optimizer": {"lr": 1e-6, "minLr": 1e-5}}},
+        "spec.training.optimizer.minLr",
+        "minLr = 1e-05 must not exceed lr = 1e-06",
+        {"training": {"optimizer": {"lr": 1e-6, "minLr": 1e-7}}},
+    ),
+    Case(
+        "torch-backend-is-data-parallel-only",
+        {"training": {"backend": "torch", "parallelism": {"tensor": 2}}},
+        "spec.training.parallelism",
+        "backend torch supports data parallelism only",
+        {"training": {"backend": "torch"}},
+    ),
+    Case(
+        "remote-reward-needs-url",
+        {"reward": {"type": "remote"}},
+        "spec.reward.url",
+        "url is required when type is remote",
+        {"reward": {"type": "remote", "url": "http://rewards.default.svc:8000/score"}},
+    ),
+    Case(
+        "custom-reward-needs-function",
+        {"reward": {"type": "custom"}},
+        "spec.reward.function",
+        "function is required when type is custom",
+        {"reward": {"type": "custom", "function": "my_rewards.math:score"}},
+    ),
+    Case(
+        "eval-interval-needs-datasets",
+        {"data": {"eval": {"interval": 10}}},
+        "spec.data.eval.datasets",
+        "interval = 10 needs at least one entry in datasets",
+        {"data": {"eval": {"interval": 10, "datasets": [{"name": "aime", "path": "/data/aime.jsonl"}]}}},
+    ),
+    Case(
+        "toleration-exists-has-no-value",
+        {"resources": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "value": "x"}]}},
+        "spec.resources.tolerations[0].value",
+        "value must be empty when operator is Exists",
+        {"resources": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}},
+    ),
+    Case(
+        "env-value-or-value-from",
+        {
+            "resources": {
+                "env": [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+            }
+        },
+        "spec.resources.env[0].valueFrom",
+        "set value or valueFrom, not both",
+        {"resources": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}},
+    ),
+    Case(
+        "env-source-exactly-one",
+        {"resources": {"env": [{"name": "A", "valueFrom": {}}]}},
+        "spec.resources.env[0].valueFrom.secretKeyRef",
+        "set exactly one of secretKeyRef and configMapKeyRef",
+        {"resources": {"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]}},
+    ),
+]
+
+# Schema constraints (types, ranges, enums, patterns, unknown fields), refused field by field.
+SCHEMA_CASES = [
+    Case(
+        "negative-batch",
+        {"rollout": {"batchSize": 0}},
+        "spec.rollout.batchSize",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "unknown-estimator",
+        {"algorithm": {"advantageEstimator": "dpo"}},
+        "spec.algorithm.advantageEstimator",
+        "grpo",
+    ),
+    Case("unknown-engine", {"rollout": {"engine": "vllm"}}, "spec.rollout.engine", "sglang"),
+    Case("bad-quantity", {"resources": {"head": {"memory": "lots"}}}, "spec.resources.head.memory", ""),
+    Case("bad-queue-name", {"queueName": "Team_A"}, "spec.queueName", ""),
+    Case("temperature-range", {"rollout": {"temperature": -1.0}}, "spec.rollout.temperature", ""),
+    Case("missing-model-path", {"model": {"path": None}}, "spec.model.path", ""),
+    Case("misspelt-field", {"rollout": {"batchsize": 32}}, "spec.rollout.batchsize", ""),
+    Case(
+        "duplicate-eval-names",
+        {
+            "data": {
+                "eval": {
+                    "datasets": [{"name": "aime", "path": "/a.jsonl"}, {"name": "aime", "path": "/b.jsonl"}]
+                }
+            }
+        },
+        "spec.data.eval.datasets",
+        "",
+    ),
+    Case(
+        "gpus-per-node-range",
+        {"resources": {"trainer": {"gpusPerNode": 0}}},
+        "spec.resources.trainer.gpusPerNode",
+        "",
+    ),
+]
+
+# Immutable fields: (name, patch applied as an update, path named in the error).
+IMMUTABLE_CASES = [
+    Case("model", {"model": {"path": "Qwen/Qwen3-8B"}}, "spec.model", "cannot be changed"),
+    Case("data-path", {"data": {"path": "/data/other.jsonl"}}, "spec.data.path", "cannot be changed"),
+    Case("backend", {"training": {"backend": "torch"}}, "spec.training.backend", "cannot be changed"),
+    Case(
+        "parallelism",
+        {"training": {"parallelism": {"tensor": 2}}},
+        "spec.training.parallelism",
+        "cannot be changed",
+    ),
+    Case("engine", {"rollout": {"engine": "hf"}}, "spec.rollout.engine", "cannot be changed"),
+    Case(
+        "colocate",
+        {"resources": {"colocate": False, "rollout": {"gpus": 8}}},
+        "spec.resources.colocate",
+        "cannot be changed",
+    ),
+    Case(
+        "trainer-nodes",
+        {"resources": {"trainer": {"nodes": 2}}},
+        "spec.resources.trainer.nodes",
+        "cannot be changed",
+    ),
+    Case("checkpoint-path", {"checkpoint": {"path": "/ckpt2"}}, "spec.checkpoint.path", "cannot be changed"),
+    Case(
+        "checkpoint-volume",
+        {"checkpoint": {"volume": {"claimName": "ckpt"}}},
+        "spec.checkpoint.volume",
+        "cannot be changed",
+    ),
+]
+
+# Fields that may change on a live job (take effect on the next start, or at once for scheduling).
+MUTABLE_PATCHES = [
+    {"suspend": True},
+    {"training": {"numRollout": 500}},
+    {"training": {"optimizer": {"lr": 2e-6}}},
+    {"algorithm": {"klLossCoef": 0.01}},
+    {"checkpoint": {"saveInterval": 10}},
+    {"ttlSecondsAfterFinished": 3600},
+    {"resources": {"priorityClassName": "high"}},
+]

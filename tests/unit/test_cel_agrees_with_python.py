@@ -1,0 +1,157 @@
+"""The CEL rules in the CRD and the Python rules in the models must give the same verdict and the
+same message. CEL is evaluated here with cel-python on documents defaulted the way the API server
+defaults them (from the generated schema); the real API server's verdict is checked by the e2e tests."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+from typing import Any
+
+import celpy
+import pytest
+from celpy import celtypes
+from rljob_api.crdgen import build_crd
+from rljob_api.errors import SpecError
+from rljob_api.resource import parse_spec
+from rljob_api.rules import go_g
+from spec_cases import BASE_SPEC, RULE_CASES, Case, patched
+
+SPEC_SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+_ENV = celpy.Environment()
+
+
+def _cel_string(value: Any) -> celtypes.StringType:
+    # cel-go (the API server) prints doubles with Go's %g; cel-python uses Python's str.
+    if isinstance(value, celtypes.DoubleType):
+        return celtypes.StringType(go_g(float(value)))
+    if isinstance(value, celtypes.BoolType):
+        return celtypes.StringType("true" if value else "false")
+    return celtypes.StringType(str(value))
+
+
+@functools.cache
+def _program(expr: str) -> celpy.Runner:
+    return _ENV.program(_ENV.compile(expr), functions={"string": _cel_string})
+
+
+def _eval(expr: str, node: Any) -> Any:
+    return _program(expr).evaluate({"self": celpy.json_to_cel(node)})
+
+
+def apply_defaults(schema: dict[str, Any], doc: Any) -> Any:
+    """Structural-schema defaulting, as the API server does it: missing properties get `default`."""
+    if isinstance(doc, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in doc and "default" in sub:
+                doc[name] = copy.deepcopy(sub["default"])
+            if name in doc:
+                doc[name] = apply_defaults(sub, doc[name])
+    elif isinstance(doc, list) and "items" in schema:
+        return [apply_defaults(schema["items"], item) for item in doc]
+    return doc
+
+
+def cel_failures(schema: dict[str, Any], doc: Any, path: str = "spec") -> list[str]:
+    """'path: message' for every non-transition CEL rule that fails anywhere in `doc`."""
+    failures = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            continue
+        if not _eval(rule["rule"], doc):
+            message = (
+                _eval(rule["messageExpression"], doc) if "messageExpression" in rule else rule["message"]
+            )
+            failures.append(f"{path}{rule['fieldPath']}: {message}")
+    if isinstance(doc, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in doc:
+                failures += cel_failures(sub, doc[name], f"{path}.{name}")
+    elif isinstance(doc, list) and "items" in schema:
+        for i, item in enumerate(doc):
+            failures += cel_failures(schema["items"], item, f"{path}[{i}]")
+    return failures
+
+
+def python_problems(doc: dict[str, Any]) -> list[str]:
+    try:
+        parse_spec(doc)
+    except SpecError as exc:
+        return exc.problems
+    return []
+
+
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: c.name)
+def test_cel_and_python_agree_on_each_rule(case: Case) -> None:
+    bad = patched(case.patch)
+    cel = cel_failures(SPEC_SCHEMA, apply_defaults(SPEC_SCHEMA, copy.deepcopy(bad)))
+    assert cel == python_problems(bad)
+    assert len(cel) == 1 and cel[0].startswith(f"{case.path}: ") and case.message in cel[0]
+
+    good = patched(case.valid_patch)
+    assert cel_failures(SPEC_SCHEMA, apply_defaults(SPEC_SCHEMA, copy.deepcopy(good))) == []
+    assert python_problems(good) == []
+
+
+def test_defaults_from_schema_equal_pydantic_defaults() -> None:
+    defaulted = apply_defaults(SPEC_SCHEMA, copy.deepcopy(BASE_SPEC))
+    assert defaulted == parse_spec(BASE_SPEC).to_document()
+
+
+def _random_spec(rng: random.Random) -> dict[str, Any]:
+    cpu = rng.random() < 0.2
+    colocate = rng.random() < 0.6
+    spec = patched(
+        {
+            "rollout": {
+                "batchSize": rng.choice([1, 4, 6, 16, 30, 32, 64]),
+                "nSamplesPerPrompt": rng.choice([1, 2, 4, 8, 16]),
+                "engine": "hf" if cpu or rng.random() < 0.2 else "sglang",
+                "async": {"enabled": rng.random() < 0.2},
+            },
+            "training": {
+                "backend": "torch" if cpu else "megatron",
+                "globalBatchSize": rng.choice([8, 16, 32, 64, 128, 256]),
+                "microBatchSize": rng.choice([1, 2, 3, 4]),
+                "dynamicBatch": {"enabled": rng.random() < 0.2},
+                "parallelism": {}
+                if cpu
+                else {
+                    "tensor": rng.choice([1, 2, 4]),
+                    "pipeline": rng.choice([1, 2, 3]),
+                    "context": rng.choice([1, 2]),
+                    "expert": rng.choice([1, 2, 4, 8]),
+                },
+            },
+            "resources": {
+                "device": "cpu" if cpu and rng.random() < 0.9 else "cuda",
+                "colocate": colocate,
+                "trainer": {"nodes": rng.choice([1, 2, 3, 4]), "gpusPerNode": rng.choice([1, 2, 4, 8])},
+                "rollout": {"gpusPerEngine": rng.choice([1, 2, 4])},
+            },
+            "algorithm": {
+                "dynamicSampling": {
+                    "enabled": rng.random() < 0.3,
+                    "overSamplingBatchSize": rng.choice([8, 32, 64]),
+                }
+            },
+        }
+    )
+    if not colocate or rng.random() < 0.3:
+        spec["resources"]["rollout"]["gpus"] = rng.choice([1, 2, 4, 8, 16])
+    return spec
+
+
+def test_cel_and_python_agree_on_random_specs() -> None:
+    rng = random.Random(20261122)
+    verdicts = {True: 0, False: 0}
+    for _ in range(1000):
+        doc = _random_spec(rng)
+        cel = cel_failures(SPEC_SCHEMA, apply_defaults(SPEC_SCHEMA, copy.deepcopy(doc)))
+        py = python_problems(doc)
+        # Same verdict; Python stops at the innermost failing object, so it reports a subset.
+        assert bool(cel) == bool(py), (doc, cel, py)
+        assert set(py) <= set(cel), (doc, cel, py)
+        verdicts[not cel] += 1
+    assert min(verdicts.values()) >= 40, verdicts  # the generator exercises both outcomes
