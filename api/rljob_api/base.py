@@ -40,7 +40,7 @@ class ApiModel(BaseModel):
     @model_validator(mode="after")
     def _check_rules(self) -> Self:
         failed = [
-            (rule.field, rule.render(self))
+            (rule.field, rule.message)
             for rule in type(self).rules
             if not rule.transition and not rule.check(self)
         ]
@@ -58,13 +58,15 @@ class ApiModel(BaseModel):
     ) -> JsonSchemaValue:
         schema = handler.resolve_ref_schema(handler(core_schema))
         # Factory defaults are invisible to pydantic's schema; the CRD needs them so the API server
-        # fills the same defaults as Python ({} for a nested object: its fields carry their own).
+        # fills the same defaults as Python. A nested section's default is spelled out in full: the
+        # API server checks defaults against the section's CEL rules without defaulting inside them.
         for name, info in cls.model_fields.items():
             if info.default_factory is None:
                 continue
             value = info.default_factory()  # type: ignore[call-arg]
-            prop = schema["properties"][info.alias or name]
-            prop["default"] = {} if isinstance(value, BaseModel) else value
+            if isinstance(value, BaseModel):
+                value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+            schema["properties"][info.alias or name]["default"] = value
         if cls.rules:
             schema["x-kubernetes-validations"] = [rule.to_crd() for rule in cls.rules]
         return schema
@@ -105,5 +107,5 @@ LabelValue = Annotated[str, Field(max_length=63)]
 
 
 def section(model: type[BaseModel], description: str) -> Any:
-    """A nested object that is always present: defaults to {} so the API server fills its defaults."""
+    """A nested object that is always present: it defaults to its own defaults."""
     return Field(default_factory=model, description=description)

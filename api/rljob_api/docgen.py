@@ -50,7 +50,7 @@ def _rows(node: dict[str, Any], path: str) -> Iterator[tuple[str, str, str, str]
 
 
 def _key(entry: dict[str, Any]) -> tuple[str, str]:
-    return entry["rule"], entry.get("message") or entry["messageExpression"]
+    return entry["rule"], entry["message"]
 
 
 def _all_rules(cls: type[ApiModel] = ApiModel) -> dict[tuple[str, str], Rule]:
@@ -94,8 +94,7 @@ def render() -> str:
         "## Rules",
         "",
         "Cross-field rules (CEL `x-kubernetes-validations` in the CRD, the same checks in "
-        "`rljob-runtime validate`) and fields that cannot change once the job exists. `{x}` is filled "
-        "with the offending values.",
+        "`rljob-runtime validate`) and fields that cannot change once the job exists.",
         "",
         "| field | kind | message |",
         "|---|---|---|",

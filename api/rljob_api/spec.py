@@ -45,72 +45,49 @@ def _micro_batch(spec: RLTrainingJobSpec) -> int:
 _SPEC_RULES = (
     Rule(
         cel="(self.rollout.batchSize * self.rollout.nSamplesPerPrompt) % self.training.globalBatchSize == 0",
-        message="rollout.batchSize * rollout.nSamplesPerPrompt = {samples} must be a multiple of "
-        "training.globalBatchSize = {gbs}, so that every rollout fills whole optimizer steps",
+        message="rollout.batchSize * rollout.nSamplesPerPrompt must be a multiple of training.globalBatchSize, "
+        "so that every rollout fills whole optimizer steps",
         field=".training.globalBatchSize",
         check=lambda s: (
             (s.rollout.batch_size * s.rollout.n_samples_per_prompt) % s.training.global_batch_size == 0
         ),
-        values={
-            "samples": (
-                "self.rollout.batchSize * self.rollout.nSamplesPerPrompt",
-                lambda s: s.rollout.batch_size * s.rollout.n_samples_per_prompt,
-            ),
-            "gbs": ("self.training.globalBatchSize", lambda s: s.training.global_batch_size),
-        },
     ),
     Rule(
         cel=f"{_TRAINER_GPUS} % {_MODEL_PARALLEL} == 0",
-        message="training.parallelism tensor * pipeline * context = {mp} must divide the trainer GPUs, "
-        "resources.trainer.nodes * resources.trainer.gpusPerNode = {gpus}",
+        message="training.parallelism tensor * pipeline * context must divide the trainer GPUs "
+        "(resources.trainer.nodes * resources.trainer.gpusPerNode)",
         field=".training.parallelism",
         check=lambda s: trainer_gpus(s) % model_parallel_size(s) == 0,
-        values={"mp": (_MODEL_PARALLEL, model_parallel_size), "gpus": (_TRAINER_GPUS, trainer_gpus)},
     ),
     Rule(
         cel=f"({_TRAINER_GPUS} / self.training.parallelism.pipeline) % self.training.parallelism.expert == 0",
-        message="training.parallelism.expert = {ep} must divide the trainer GPUs per pipeline stage = {stage}",
+        message="training.parallelism.expert must divide the trainer GPUs per pipeline stage "
+        "(trainer GPUs / parallelism.pipeline)",
         field=".training.parallelism.expert",
         check=lambda s: (
             (trainer_gpus(s) // s.training.parallelism.pipeline) % s.training.parallelism.expert == 0
         ),
-        values={
-            "ep": ("self.training.parallelism.expert", lambda s: s.training.parallelism.expert),
-            "stage": (
-                f"{_TRAINER_GPUS} / self.training.parallelism.pipeline",
-                lambda s: trainer_gpus(s) // s.training.parallelism.pipeline,
-            ),
-        },
     ),
     Rule(
         # Only checked once the model-parallel rule holds (it reports that case), so the divisor is >= 1.
         cel=f"{_TRAINER_GPUS} % {_MODEL_PARALLEL} != 0 || self.training.globalBatchSize % "
         f"({_MICRO_BATCH} * ({_TRAINER_GPUS} / {_MODEL_PARALLEL})) == 0",
-        message="training.globalBatchSize = {gbs} must be a multiple of micro-batch size * data-parallel size "
-        "= {mbs} * {dp} (data-parallel size = trainer GPUs / (tensor * pipeline * context))",
+        message="training.globalBatchSize must be a multiple of training.microBatchSize * data-parallel size "
+        "(data-parallel size = trainer GPUs / (tensor * pipeline * context); microBatchSize counts as 1 with "
+        "dynamicBatch)",
         field=".training.globalBatchSize",
         check=lambda s: (
             trainer_gpus(s) % model_parallel_size(s) != 0
             or s.training.global_batch_size % (_micro_batch(s) * data_parallel_size(s)) == 0
         ),
-        values={
-            "gbs": ("self.training.globalBatchSize", lambda s: s.training.global_batch_size),
-            "mbs": (_MICRO_BATCH, _micro_batch),
-            "dp": (f"{_TRAINER_GPUS} / {_MODEL_PARALLEL}", data_parallel_size),
-        },
     ),
     Rule(
         cel="self.resources.device != 'cpu' || (self.rollout.engine == 'hf' && self.training.backend == 'torch')",
-        message="resources.device cpu needs rollout.engine hf and training.backend torch "
-        "(got engine {engine}, backend {backend})",
+        message="resources.device cpu needs rollout.engine hf and training.backend torch",
         field=".resources.device",
         check=lambda s: (
             s.resources.device != "cpu" or (s.rollout.engine == "hf" and s.training.backend == "torch")
         ),
-        values={
-            "engine": ("self.rollout.engine", lambda s: s.rollout.engine),
-            "backend": ("self.training.backend", lambda s: s.training.backend),
-        },
     ),
     Rule(
         cel="!self.rollout.async.enabled || !self.resources.colocate",
@@ -122,20 +99,13 @@ _SPEC_RULES = (
     Rule(
         cel="!self.algorithm.dynamicSampling.enabled || !has(self.algorithm.dynamicSampling.overSamplingBatchSize)"
         " || self.algorithm.dynamicSampling.overSamplingBatchSize >= self.rollout.batchSize",
-        message="algorithm.dynamicSampling.overSamplingBatchSize = {n} must be at least rollout.batchSize = {b}",
+        message="algorithm.dynamicSampling.overSamplingBatchSize must be at least rollout.batchSize",
         field=".algorithm.dynamicSampling.overSamplingBatchSize",
         check=lambda s: (
             not s.algorithm.dynamic_sampling.enabled
             or s.algorithm.dynamic_sampling.over_sampling_batch_size is None
             or s.algorithm.dynamic_sampling.over_sampling_batch_size >= s.rollout.batch_size
         ),
-        values={
-            "n": (
-                "self.algorithm.dynamicSampling.overSamplingBatchSize",
-                lambda s: s.algorithm.dynamic_sampling.over_sampling_batch_size,
-            ),
-            "b": ("self.rollout.batchSize", lambda s: s.rollout.batch_size),
-        },
     ),
     immutable("model", "model", hint="a different model is a different job; create a new RLTrainingJob"),
 )

@@ -18,13 +18,9 @@ class TISSpec(ApiModel):
     rules = (
         Rule(
             cel="self.clipLow < self.clipHigh",
-            message="clipLow = {lo} must be below clipHigh = {hi}",
+            message="clipLow must be below clipHigh",
             field=".clipLow",
             check=lambda t: t.clip_low < t.clip_high,
-            values={
-                "lo": ("self.clipLow", lambda t: t.clip_low),
-                "hi": ("self.clipHigh", lambda t: t.clip_high),
-            },
         ),
     )
 
@@ -71,13 +67,9 @@ class AlgorithmSpec(ApiModel):
     rules = (
         Rule(
             cel="!has(self.epsClipHigh) || self.epsClipHigh >= self.epsClip",
-            message="epsClipHigh = {hi} must be at least epsClip = {lo}",
+            message="epsClipHigh must be at least epsClip",
             field=".epsClipHigh",
             check=lambda a: a.eps_clip_high is None or a.eps_clip_high >= a.eps_clip,
-            values={
-                "hi": ("self.epsClipHigh", lambda a: a.eps_clip_high),
-                "lo": ("self.epsClip", lambda a: a.eps_clip),
-            },
         ),
         Rule(
             cel="!self.useKLLoss || self.klLossCoef > 0.0",

@@ -166,7 +166,8 @@ class RolloutResources(PodResources):
         default=8,
         ge=1,
         le=16,
-        description="Disaggregated only: GPUs per rollout pod (pods = gpus / gpusPerNode, rounded up).",
+        description="Disaggregated only: GPUs per rollout pod; rollout.gpus must be at most this or a "
+        "multiple of it (pods = gpus / gpusPerNode).",
     )
     node_selector: NodeSelector = Field(
         default_factory=dict,
@@ -181,6 +182,25 @@ class RolloutResources(PodResources):
 _ROLLOUT_GPUS_CEL = (
     "(has(self.rollout.gpus) ? self.rollout.gpus : self.trainer.nodes * self.trainer.gpusPerNode)"
 )
+
+
+_ENGINE_POD_GPUS_CEL = (
+    "(self.colocate ? self.trainer.gpusPerNode : "
+    "(has(self.rollout.gpus) && self.rollout.gpus < self.rollout.gpusPerNode ? self.rollout.gpus "
+    ": self.rollout.gpusPerNode))"
+)
+
+
+def engine_pod_gpus(resources: ResourcesSpec) -> int:
+    """GPUs of one pod that hosts engines: a trainer pod when colocated, else a rollout pod."""
+    if resources.colocate:
+        return resources.trainer.gpus_per_node
+    return min(rollout_gpus(resources), resources.rollout.gpus_per_node)
+
+
+def rollout_pods(resources: ResourcesSpec) -> int:
+    """Rollout pods when disaggregated (all alike: see the rule on rollout.gpus)."""
+    return max(1, rollout_gpus(resources) // resources.rollout.gpus_per_node)
 
 
 def rollout_gpus(resources: ResourcesSpec) -> int:
@@ -203,31 +223,45 @@ class ResourcesSpec(ApiModel):
         Rule(
             cel="!self.colocate || !has(self.rollout.gpus) || "
             "self.rollout.gpus == self.trainer.nodes * self.trainer.gpusPerNode",
-            message="with colocate true, rollout.gpus = {rollout} must equal the trainer GPUs, "
-            "trainer.nodes * trainer.gpusPerNode = {trainer} (leave rollout.gpus unset to use them)",
+            message="with colocate true, rollout.gpus must equal the trainer GPUs, trainer.nodes * "
+            "trainer.gpusPerNode (leave rollout.gpus unset to use them)",
             field=".rollout.gpus",
             check=lambda r: (
                 not r.colocate
                 or r.rollout.gpus is None
                 or r.rollout.gpus == r.trainer.nodes * r.trainer.gpus_per_node
             ),
-            values={
-                "rollout": ("self.rollout.gpus", lambda r: r.rollout.gpus),
-                "trainer": (
-                    "self.trainer.nodes * self.trainer.gpusPerNode",
-                    lambda r: r.trainer.nodes * r.trainer.gpus_per_node,
-                ),
-            },
         ),
         Rule(
             cel=f"{_ROLLOUT_GPUS_CEL} % self.rollout.gpusPerEngine == 0",
-            message="rollout.gpusPerEngine = {per} must divide the rollout GPUs = {gpus}",
+            message="rollout.gpusPerEngine must divide the rollout GPUs",
             field=".rollout.gpusPerEngine",
             check=lambda r: rollout_gpus(r) % r.rollout.gpus_per_engine == 0,
-            values={
-                "per": ("self.rollout.gpusPerEngine", lambda r: r.rollout.gpus_per_engine),
-                "gpus": (_ROLLOUT_GPUS_CEL, lambda r: rollout_gpus(r)),
-            },
+        ),
+        Rule(
+            cel="self.colocate || !has(self.rollout.gpus) || self.rollout.gpus <= self.rollout.gpusPerNode"
+            " || self.rollout.gpus % self.rollout.gpusPerNode == 0",
+            message="rollout.gpus must be at most rollout.gpusPerNode or a multiple of it: all rollout pods "
+            "are alike",
+            field=".rollout.gpus",
+            check=lambda r: (
+                r.colocate
+                or r.rollout.gpus is None
+                or r.rollout.gpus <= r.rollout.gpus_per_node
+                or r.rollout.gpus % r.rollout.gpus_per_node == 0
+            ),
+        ),
+        Rule(
+            # Checked once the engines divide the rollout GPUs (the rule above reports that case).
+            cel=f"{_ROLLOUT_GPUS_CEL} % self.rollout.gpusPerEngine != 0 || "
+            f"{_ENGINE_POD_GPUS_CEL} % self.rollout.gpusPerEngine == 0",
+            message="rollout.gpusPerEngine must divide the GPUs of one pod (trainer.gpusPerNode when "
+            "colocated, else rollout.gpusPerNode or rollout.gpus if smaller): an engine cannot span pods",
+            field=".rollout.gpusPerEngine",
+            check=lambda r: (
+                rollout_gpus(r) % r.rollout.gpus_per_engine != 0
+                or engine_pod_gpus(r) % r.rollout.gpus_per_engine == 0
+            ),
         ),
         immutable("device", "device", hint=_GANG),
         immutable("colocate", "colocate", hint=_GANG),

@@ -30,10 +30,9 @@ class OptimizerSpec(ApiModel):
     rules = (
         Rule(
             cel="self.minLr <= self.lr",
-            message="minLr = {min} must not exceed lr = {lr}",
+            message="minLr must not exceed lr",
             field=".minLr",
             check=lambda o: o.min_lr <= o.lr,
-            values={"min": ("self.minLr", lambda o: o.min_lr), "lr": ("self.lr", lambda o: o.lr)},
         ),
     )
 

@@ -62,10 +62,9 @@ class EvalSpec(ApiModel):
     rules = (
         Rule(
             cel="self.interval == 0 || size(self.datasets) > 0",
-            message="interval = {n} needs at least one entry in datasets (or set interval 0)",
+            message="interval > 0 needs at least one entry in datasets (or set interval 0)",
             field=".datasets",
             check=lambda e: e.interval == 0 or len(e.datasets) > 0,
-            values={"n": ("self.interval", lambda e: e.interval)},
         ),
     )
 

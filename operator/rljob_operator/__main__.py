@@ -1,18 +1,74 @@
-"""rljob-operator entry point (python -m rljob_operator)."""
+"""rljob-operator: reconcile RLTrainingJobs into KubeRay RayJobs.
+
+rljob-operator [--namespace NS ...] [--metrics-port 8080] [--liveness http://0.0.0.0:8081/healthz]
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+
+import kopf
+from prometheus_client import start_http_server
+
+from .build import BuildSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rljob-operator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only these namespaces (repeatable); default: all",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 disables (default 8080)"
+    )
+    parser.add_argument(
+        "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=60.0, help="reconcile every job this often (default 60)"
+    )
+    parser.add_argument(
+        "--submission-mode",
+        choices=["HTTPMode", "K8sJobMode"],
+        default="HTTPMode",
+        help="how KubeRay submits the runtime (default HTTPMode)",
+    )
+    parser.add_argument(
+        "--ray-version", default=BuildSettings.ray_version, help="Ray version of the runtime image"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    # The reconciler lands with the operator issue (#4); until then say so instead of pretending.
-    print(
-        "rljob-operator: the operator is not implemented yet (it lands with issue #4). "
-        "Install the CRD with `kubectl apply --server-side -f crds/`.",
-        file=sys.stderr,
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return 2
+    from . import handlers  # registers the handlers with kopf
+
+    handlers.Options.settings = BuildSettings(
+        ray_version=args.ray_version, submission_mode=args.submission_mode
+    )
+    handlers.Options.resync_seconds = args.resync_seconds
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or None,
+        liveness_endpoint=args.liveness,
+        standalone=True,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from rljob_api.errors import SpecError
 from rljob_api.resource import KIND, parse_document
 from rljob_api.spec import RLTrainingJobSpec

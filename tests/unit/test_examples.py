@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rljob_api.resource import parse_document
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "manifests"

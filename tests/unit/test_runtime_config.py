@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rljob_runtime import cli
 from rljob_runtime.config import ConfigError, load_config
+
 from spec_cases import BASE_SPEC, RULE_CASES, patched
 
 REPO = Path(__file__).resolve().parents[2]

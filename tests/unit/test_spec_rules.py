@@ -4,8 +4,10 @@ nearby valid case passes; immutable fields refuse changes, mutable ones accept t
 from __future__ import annotations
 
 import pytest
+
 from rljob_api.errors import SpecError
 from rljob_api.resource import check_update, parse_spec
+
 from spec_cases import BASE_SPEC, IMMUTABLE_CASES, MUTABLE_PATCHES, RULE_CASES, SCHEMA_CASES, Case, patched
 
 

@@ -1,0 +1,47 @@
+"""The operator <-> runtime contract: names both sides must agree on, in one place.
+
+The operator's RayJob runs ENTRYPOINT with the resolved job (spec + identity) as JSON in the
+environment variable JOB_ENV, so no volume is needed and a running step uses a snapshot. The
+runtime reports progress by server-side apply of status.progress under RUNTIME_FIELD_MANAGER.
+Placement groups find their pods through the custom Ray resources each worker group advertises.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .resource import API_VERSION, KIND
+from .spec import RLTrainingJobSpec
+
+JOB_ENV = "RLJOB_JOB"
+ENTRYPOINT = f"rljob-runtime train --config env:{JOB_ENV}"
+OPERATOR_FIELD_MANAGER = "rljob-operator"
+RUNTIME_FIELD_MANAGER = "rljob-runtime"
+
+# Custom Ray resources advertised by worker groups (one unit per GPU, or per CPU slot).
+RAY_RESOURCE_COLOCATED = "rljob_gpu"  # group "gpu": trainer and engines share these bundles
+RAY_RESOURCE_TRAINER = "rljob_trainer"  # group "trainer" (disaggregated)
+RAY_RESOURCE_ROLLOUT = "rljob_rollout"  # group "rollout" (disaggregated)
+
+
+def resolved_job(
+    spec: RLTrainingJobSpec, *, name: str, namespace: str, uid: str, generation: int
+) -> dict[str, Any]:
+    """The document the runtime receives: an RLTrainingJob with identity and the full defaulted spec."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": generation},
+        "spec": spec.to_document(),
+    }
+
+
+def resolved_job_json(
+    spec: RLTrainingJobSpec, *, name: str, namespace: str, uid: str, generation: int
+) -> str:
+    return json.dumps(
+        resolved_job(spec, name=name, namespace=namespace, uid=uid, generation=generation),
+        separators=(",", ":"),
+        sort_keys=True,
+    )

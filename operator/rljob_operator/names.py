@@ -1,0 +1,36 @@
+"""Names, labels and annotations the operator puts on what it creates."""
+
+from __future__ import annotations
+
+GROUP_PREFIX = "rljob.dev"
+FINALIZER = f"{GROUP_PREFIX}/finalizer"
+
+LABEL_JOB = f"{GROUP_PREFIX}/job"  # on every child and pod: the owning RLTrainingJob's name
+LABEL_ROLE = f"{GROUP_PREFIX}/role"  # head / gpu / trainer / rollout on pods
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rljob-operator"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# KubeRay names the RayCluster "<rayjob>-<5 chars>" and its services after that: RayJob names are
+# limited to 47 characters.
+RAYJOB_NAME_MAX = 47
+
+
+def rayjob_name(job: str) -> str:
+    return job
+
+
+def runtime_account_name(job: str) -> str:
+    """ServiceAccount (and Role, RoleBinding) the runtime uses to report progress."""
+    return f"{job}-runtime"
+
+
+def child_labels(job: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "rljob",
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB: job,
+    }

@@ -1,0 +1,84 @@
+"""GPU accounting against ResourceQuota (pure).
+
+ResourceQuota admits pods one at a time, so a gang can be half-created and then hang. The operator
+therefore creates a job's RayJob only when the whole job fits:
+
+    available = min over quotas (hard - used) - GPUs reserved by this operator's admitted jobs
+                whose pods do not exist yet (so are not yet in `used`)
+
+and admits waiting jobs strictly in creation order (FIFO): a job that does not fit blocks the
+jobs behind it, so big jobs are not starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Quota:
+    name: str
+    hard: int
+    used: int
+
+
+@dataclass(frozen=True)
+class JobDemand:
+    """One of this operator's jobs in the namespace, as the quota sees it."""
+
+    name: str
+    created: datetime
+    gpus: int
+    admitted: bool  # its RayJob exists and is not suspended
+    charged_gpus: int = 0  # GPUs of its pods that exist (already counted in quota `used`)
+
+    @property
+    def reserved(self) -> int:
+        return max(0, self.gpus - self.charged_gpus) if self.admitted else 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str = ""
+    message: str = ""
+    position: int = 0  # 1-based place among waiting jobs
+
+
+def decide(name: str, jobs: Iterable[JobDemand], quotas: Iterable[Quota], resource: str) -> Decision:
+    """May job `name` (one of `jobs`) be created now?"""
+    jobs = list(jobs)
+    quotas = list(quotas)
+    me = next(j for j in jobs if j.name == name)
+    if me.admitted or not quotas or me.gpus == 0:
+        return Decision(True)
+    tightest = min(quotas, key=lambda q: q.hard - q.used)
+    smallest_hard = min(q.hard for q in quotas)
+    if me.gpus > smallest_hard:
+        return Decision(
+            False,
+            "QuotaTooSmall",
+            f"needs {me.gpus} {resource} but ResourceQuota allows at most {smallest_hard} in this namespace; "
+            "it waits until an administrator raises the quota (or lower the job's GPUs in a new job)",
+            position=1,
+        )
+    reserved = sum(j.reserved for j in jobs if j.name != name)
+    available = tightest.hard - tightest.used - reserved
+    waiting = sorted((j for j in jobs if not j.admitted and j.gpus > 0), key=lambda j: (j.created, j.name))
+    for job in waiting:
+        if job.gpus > available:
+            break
+        if job.name == name:
+            return Decision(True)
+        available -= job.gpus
+    position = [j.name for j in waiting].index(name) + 1
+    ahead = f"; {position - 1} job(s) ahead of it in the queue" if position > 1 else ""
+    return Decision(
+        False,
+        "InsufficientQuota",
+        f"needs {me.gpus} {resource}; ResourceQuota {tightest.name!r} allows {tightest.hard}, {tightest.used} in "
+        f"use, {reserved} reserved by starting jobs{ahead}. It starts when enough GPUs are free.",
+        position=position,
+    )

@@ -1,0 +1,231 @@
+"""One idempotent, level-based reconcile of one RLTrainingJob.
+
+Each pass: read the job and what exists, check what would stop it, decide admission (suspend,
+Kueue, GPU quota), apply the desired children with server-side apply, compute the status (pure)
+and patch /status only when it changed. Any event on the job or its children, and a slow
+periodic resync, call it; errors are retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from rljob_api.errors import SpecError
+
+from .build import BuildSettings, build_rayjob
+from .build_rbac import build_runtime_rbac
+from .checks import Blocker, check_name, check_nodes, check_references
+from .job import Job, job_from_object
+from .kube import Kube
+from .metrics import Metrics
+from .names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
+from .quota import Decision, JobDemand, Quota, decide
+from .status import TERMINAL, Observed, compute_status, status_changed
+
+log = logging.getLogger("rljob.operator")
+
+EventSink = Callable[[dict[str, Any], str, str, str], None]
+BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: BuildSettings, metrics: Metrics, emit: EventSink) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.emit = emit
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._failures: dict[tuple[str, str], int] = {}
+        self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            started = time.perf_counter()
+            try:
+                await self._reconcile(namespace, name)
+            except Exception as exc:  # retried with backoff; never crash the operator
+                self.metrics.reconciles.labels(result="error").inc()
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+                log.warning(
+                    "reconcile %s/%s failed (attempt %d), retrying in %ss: %s",
+                    namespace,
+                    name,
+                    failures,
+                    delay,
+                    _brief(exc),
+                )
+                self._retry_later(key, delay)
+            else:
+                self.metrics.reconciles.labels(result="ok").inc()
+                self._failures.pop(key, None)
+            finally:
+                self.metrics.duration.observe(time.perf_counter() - started)
+
+    def _retry_later(self, key: tuple[str, str], delay: float) -> None:
+        if key in self._retries:
+            self._retries[key].cancel()
+        loop = asyncio.get_running_loop()
+        self._retries[key] = loop.call_later(delay, lambda: asyncio.ensure_future(self.reconcile(*key)))
+
+    async def _reconcile(self, namespace: str, name: str) -> None:
+        obj = await self.kube.get_job(namespace, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            self.metrics.forget((namespace, name))  # children go by garbage collection
+            return
+        try:
+            job = job_from_object(obj)
+        except SpecError as exc:
+            self.emit(obj, "Warning", "InvalidSpec", str(exc))
+            return
+        now = datetime.now(UTC)
+        rayjob = await self.kube.get_rayjob(namespace, rayjob_name(name))
+        blocker = check_name(job)
+        queue: Decision | None = None
+        finished = job.status.get("phase") in TERMINAL
+        if blocker is None and not finished:
+            running = rayjob is not None and not (rayjob.get("spec") or {}).get("suspend")
+            if not running:
+                blocker = await self._preflight(job)
+            if blocker is None:
+                suspend, queue = await self._admission(job, rayjob)
+                if suspend is not None:
+                    for child in build_runtime_rbac(job):
+                        await self.kube.apply(child)
+                    created = rayjob is None
+                    rayjob = await self.kube.apply(build_rayjob(job, self.settings, suspend=suspend))
+                    if created:
+                        self.emit(
+                            obj,
+                            "Normal",
+                            "Created",
+                            f"created RayJob {rayjob['metadata']['name']} ({job.spec.total_gpus()} GPUs)",
+                        )
+        status = compute_status(job, Observed(now, rayjob, blocker, queue))
+        if status_changed(job.status, status):
+            await self.kube.apply_job_status(namespace, name, status)
+            self._announce(obj, job, status)
+        self.metrics.observe((namespace, name), status["phase"], status["gpus"])
+
+    async def _preflight(self, job: Job) -> Blocker | None:
+        blocker = check_nodes(job, await self.kube.list_nodes())
+        if blocker is not None:
+            return blocker
+        res = job.spec.resources
+        wanted = [
+            r.name for r in (res.secrets.hugging_face_token, res.secrets.wandb_api_key) if r is not None
+        ]
+        wanted += [
+            e.value_from.secret_key_ref.name for e in res.env if e.value_from and e.value_from.secret_key_ref
+        ]
+        secrets = {s for s in set(wanted) if await self.kube.exists(job.namespace, "secrets", s)}
+        claims = set()
+        volume = job.spec.checkpoint.volume
+        if volume is not None and await self.kube.exists(
+            job.namespace, "persistentvolumeclaims", volume.claim_name
+        ):
+            claims.add(volume.claim_name)
+        return check_references(job, secrets, claims)
+
+    async def _admission(
+        self, job: Job, rayjob: dict[str, Any] | None
+    ) -> tuple[bool | None, Decision | None]:
+        """(suspend value to apply, or None to create nothing yet; the quota decision if one was made)."""
+        if job.spec.suspend:
+            return (True if rayjob is not None else None), None
+        if job.spec.queue_name:
+            # Kueue admits: create suspended, then mirror what Kueue sets.
+            return (bool((rayjob.get("spec") or {}).get("suspend")) if rayjob is not None else True), None
+        if rayjob is not None and not (rayjob.get("spec") or {}).get("suspend"):
+            return False, None  # already admitted: never re-queued
+        decision = await self._quota(job)
+        if decision.admitted:
+            return False, decision
+        return (True if rayjob is not None else None), decision
+
+    async def _quota(self, job: Job) -> Decision:
+        resource = job.spec.resources.gpu_resource_name
+        key = f"requests.{resource}"
+        quotas = [
+            Quota(
+                q["metadata"]["name"],
+                _int(q["status"]["hard"][key]),
+                _int((q["status"].get("used") or {}).get(key, "0")),
+            )
+            for q in await self.kube.list_quotas(job.namespace)
+            if key in ((q.get("status") or {}).get("hard") or {})
+        ]
+        if not quotas:
+            return Decision(True)
+        rayjobs = {
+            r["metadata"]["labels"][LABEL_JOB]: r
+            for r in await self.kube.list_rayjobs(job.namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY}")
+            if LABEL_JOB in (r["metadata"].get("labels") or {})
+        }
+        charged: dict[str, int] = {}
+        for pod in await self.kube.list_pods(job.namespace, LABEL_JOB):
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            owner = pod["metadata"]["labels"][LABEL_JOB]
+            for container in pod["spec"]["containers"]:
+                requests = (container.get("resources") or {}).get("requests") or {}
+                charged[owner] = charged.get(owner, 0) + _int(requests.get(resource, "0"))
+        demands = []
+        for other in await self.kube.list_jobs(job.namespace):
+            try:
+                o = job_from_object(other)
+            except SpecError:
+                continue
+            if o.deleting or o.spec.suspend or o.status.get("phase") in TERMINAL or o.spec.queue_name:
+                continue
+            rj = rayjobs.get(o.name)
+            admitted = rj is not None and not (rj.get("spec") or {}).get("suspend")
+            demands.append(
+                JobDemand(
+                    o.name,
+                    o.created or datetime.now(UTC),
+                    o.spec.total_gpus(),
+                    admitted,
+                    charged.get(o.name, 0),
+                )
+            )
+        if job.name not in {d.name for d in demands}:
+            demands.append(
+                JobDemand(job.name, job.created or datetime.now(UTC), job.spec.total_gpus(), False)
+            )
+        return decide(job.name, demands, quotas, resource)
+
+    def _announce(self, obj: dict[str, Any], job: Job, status: dict[str, Any]) -> None:
+        before, after = job.status.get("phase"), status["phase"]
+        if before == after:
+            return
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        kind = (
+            "Warning"
+            if after == "Failed"
+            or any(c["type"] == "Stalled" and c["status"] == "True" for c in status["conditions"])
+            else "Normal"
+        )
+        self.emit(obj, kind, ready["reason"], f"{before or 'New'} -> {after}: {ready['message']}")
+
+
+def _int(quantity: str | int) -> int:
+    try:
+        return int(quantity)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _brief(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"API error {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
+    return f"{type(exc).__name__}: {exc}"

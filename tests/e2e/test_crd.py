@@ -1,0 +1,170 @@
+"""The RLTrainingJob CRD on a real API server: it installs, reads well in kubectl, refuses every
+bad manifest with a message naming the field (the same words as the Python models), fills the
+same defaults as the models, and guards immutable fields."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rljob_api.errors import SpecError
+from rljob_api.resource import API_VERSION, CRD_NAME, KIND, parse_spec
+
+from spec_cases import BASE_SPEC, IMMUTABLE_CASES, MUTABLE_PATCHES, RULE_CASES, SCHEMA_CASES, Case, patched
+
+pytestmark = pytest.mark.e2e
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Any) -> Iterator[Any]:
+    """Install (or update) the CRD server-side, as the docs tell users to, and wait until served."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # Discovery of the new kind can lag Established by a moment.
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "rljobs", "-A", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "rljobs not served 30 s after the CRD was Established"
+        time.sleep(0.5)
+    yield cluster
+
+
+def _manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def _apply(cluster: Any, ns: str, obj: dict[str, Any], *, dry_run: bool = False) -> Any:
+    args = ["apply", "--server-side", "--field-manager=e2e", f"--namespace={ns}", "-f", "-"]
+    if dry_run:
+        args.append("--dry-run=server")
+    return cluster.kubectl(*args, input=json.dumps(obj), check=False)
+
+
+def _python_message(spec: dict[str, Any], path: str) -> str:
+    """What the Python models say about `path` for this spec (the message after 'path: ')."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    for problem in info.value.problems:
+        if problem.startswith(path + ": "):
+            return problem[len(path) + 2 :]
+    raise AssertionError(f"Python did not name {path}: {info.value.problems}")
+
+
+def test_short_names_printer_columns_and_status(crd: Any, namespace: str) -> None:
+    proc = _apply(crd, namespace, _manifest("columns", BASE_SPEC))
+    assert proc.returncode == 0, proc.stderr
+    # The runtime reports progress through the status subresource; the columns show it.
+    progress = {
+        "status": {
+            "phase": "Running",
+            "gpus": 8,
+            "progress": {"step": 120, "numRollout": 3000, "stepText": "120/3000", "rewardMean": 0.47},
+        }
+    }
+    crd.kubectl(
+        "patch",
+        "rljob",
+        "columns",
+        f"--namespace={namespace}",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(progress),
+    )
+    for args in (["get", "rljobs"], ["get", "rljob", "columns"], ["get", "rltrainingjobs.rljob.dev"]):
+        out = crd.kubectl(*args, f"--namespace={namespace}").stdout
+        header, row = out.splitlines()[:2]
+        assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "GPUS", "AGE"], out
+        assert row.split()[:5] == ["columns", "Running", "120/3000", "0.47", "8"], out
+    wide = crd.kubectl("get", "rljobs", f"--namespace={namespace}", "-o", "wide").stdout
+    assert "MODEL" in wide.splitlines()[0] and "Qwen/Qwen3-4B" in wide
+    # The ml category lists it beside other ML workloads.
+    assert (
+        "rltrainingjob.rljob.dev/columns"
+        in crd.kubectl("get", "ml", f"--namespace={namespace}", "-o", "name").stdout
+    )
+
+
+def test_explain_teaches_the_api(crd: Any) -> None:
+    spec = crd.kubectl("explain", "rltrainingjob.spec").stdout
+    assert "Desired state of an RL post-training run" in spec
+    for field in (
+        "model",
+        "data",
+        "algorithm",
+        "rollout",
+        "training",
+        "resources",
+        "reward",
+        "checkpoint",
+        "faultTolerance",
+        "suspend",
+        "queueName",
+    ):
+        assert re.search(rf"^\s+{field}\s", spec, re.M), f"explain does not list {field}:\n{spec}"
+    rollout = crd.kubectl("explain", "rljob.spec.rollout.nSamplesPerPrompt").stdout
+    assert "group size of GRPO" in rollout
+
+
+def test_valid_manifest_gets_the_models_defaults(crd: Any, namespace: str) -> None:
+    assert _apply(crd, namespace, _manifest("defaults", BASE_SPEC)).returncode == 0
+    stored = crd.get("rljob", "defaults", namespace)["spec"]
+    assert stored == parse_spec(BASE_SPEC).to_document()
+
+
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: c.name)
+def test_rule_violations_are_refused_with_the_python_message(crd: Any, namespace: str, case: Case) -> None:
+    spec = patched(case.patch)
+    proc = _apply(crd, namespace, _manifest(f"bad-{case.name}", spec), dry_run=True)
+    assert proc.returncode != 0, f"accepted: {case.name}"
+    assert f"{case.path}: Invalid value" in proc.stderr, proc.stderr
+    assert _python_message(spec, case.path) in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: c.name)
+def test_nearby_valid_manifests_are_accepted(crd: Any, namespace: str, case: Case) -> None:
+    proc = _apply(crd, namespace, _manifest(f"ok-{case.name}", patched(case.valid_patch)), dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("case", SCHEMA_CASES, ids=lambda c: c.name)
+def test_schema_violations_are_refused_naming_the_field(crd: Any, namespace: str, case: Case) -> None:
+    proc = _apply(crd, namespace, _manifest(f"bad-{case.name}", patched(case.patch)), dry_run=True)
+    assert proc.returncode != 0, f"accepted: {case.name}"
+    assert case.path in proc.stderr, proc.stderr
+
+
+def test_immutable_fields_refuse_updates_and_mutable_ones_accept_them(crd: Any, namespace: str) -> None:
+    assert _apply(crd, namespace, _manifest("immutable", BASE_SPEC)).returncode == 0
+    for case in IMMUTABLE_CASES:
+        proc = _apply(crd, namespace, _manifest("immutable", patched(case.patch)), dry_run=True)
+        assert proc.returncode != 0, f"{case.name}: update accepted"
+        assert case.path in proc.stderr and case.message in proc.stderr, proc.stderr
+    for patch in MUTABLE_PATCHES:
+        proc = _apply(crd, namespace, _manifest("immutable", patched(patch)), dry_run=True)
+        assert proc.returncode == 0, f"{patch}: {proc.stderr}"
+
+
+def test_a_bad_manifest_among_good_ones_is_refused_alone(crd: Any, namespace: str) -> None:
+    good = _manifest("batch-good", BASE_SPEC)
+    bad = _manifest("batch-bad", patched({"rollout": {"batchSize": 30}}))
+    proc = crd.kubectl(
+        "apply",
+        "--server-side",
+        f"--namespace={namespace}",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [good, copy.deepcopy(bad)]}),
+        check=False,
+    )
+    assert proc.returncode != 0 and "batch-bad" in proc.stderr
+    assert crd.get("rljob", "batch-bad", namespace) is None
+    assert crd.get("rljob", "batch-good", namespace) is not None
