@@ -21,7 +21,15 @@ from rljob_api.contract import (
 from rljob_api.spec_resources import EnvVar, Toleration, rollout_gpus, rollout_pods
 
 from .job import Job
-from .names import KUEUE_QUEUE_LABEL, LABEL_JOB, LABEL_ROLE, child_labels, rayjob_name, runtime_account_name
+from .names import (
+    ENTRYPOINT_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    LABEL_JOB,
+    LABEL_ROLE,
+    child_labels,
+    rayjob_name,
+    runtime_account_name,
+)
 
 HEAD_PORTS = [
     {"name": "gcs", "containerPort": 6379},
@@ -101,7 +109,7 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool) -> dict[st
     if spec.queue_name:
         labels[KUEUE_QUEUE_LABEL] = spec.queue_name
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": ENTRYPOINT,
+        "entrypoint": job.annotations.get(ENTRYPOINT_ANNOTATION, ENTRYPOINT),
         "runtimeEnvYAML": yaml.safe_dump(
             {
                 "env_vars": {

@@ -21,6 +21,7 @@ class Job:
     created: datetime | None = None
     deleting: bool = False
     status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def owner_reference(self) -> dict[str, Any]:
         """Makes children garbage-collected with the job (and shown as its children)."""
@@ -49,4 +50,5 @@ def job_from_object(obj: Mapping[str, Any]) -> Job:
         else created,
         deleting=bool(meta.get("deletionTimestamp")),
         status=obj.get("status") or {},
+        annotations=meta.get("annotations") or {},
     )

@@ -12,6 +12,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rljob-operator"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Debugging aid: run this command instead of the runtime (the resolved job is still in RLJOB_JOB),
+# e.g. to check an image or a cluster before a long run. Read when the RayJob is created.
+ENTRYPOINT_ANNOTATION = f"{GROUP_PREFIX}/entrypoint"
 
 # KubeRay names the RayCluster "<rayjob>-<5 chars>" and its services after that: RayJob names are
 # limited to 47 characters.

@@ -84,6 +84,12 @@ def test_entrypoint_receives_the_resolved_job() -> None:
     assert resolved == job.spec
 
 
+def test_entrypoint_annotation_replaces_the_runtime_command_for_debugging() -> None:
+    job = job_from_spec(annotations={"rljob.dev/entrypoint": "sleep 3600"})
+    spec = build_rayjob(job, BuildSettings(), suspend=False)["spec"]
+    assert spec["entrypoint"] == "sleep 3600" and JOB_ENV in spec["runtimeEnvYAML"]
+
+
 def test_lifecycle_fields_come_from_the_spec() -> None:
     job = job_from_spec(
         {

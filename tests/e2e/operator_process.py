@@ -1,0 +1,86 @@
+"""The rljob operator as a real process against the test cluster (what users run, killable)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 5.0) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.resync_seconds = resync_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+        self.health_port = 0
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.starts}.log"
+
+    def start(self, timeout: float = 60) -> None:
+        self.starts += 1
+        self.metrics_port, self.health_port = free_port(), free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        cmd = [
+            sys.executable, "-m", "rljob_operator",
+            f"--metrics-port={self.metrics_port}",
+            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+            f"--resync-seconds={self.resync_seconds}",
+        ]  # fmt: skip
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rljob-operator exited {self.proc.returncode}:\n{self.log_tail()}")
+            if self._get(f"http://127.0.0.1:{self.health_port}/healthz") is not None:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"rljob-operator not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the harshest way to stop it (no cleanup handlers run)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> str:
+        return self._get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    @staticmethod
+    def _get(url: str) -> str | None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=2) as resp:
+                return resp.read().decode()
+        except OSError:
+            return None

@@ -1,0 +1,302 @@
+"""The operator end to end: a real API server, scheduler and garbage collector (kwok nodes), the
+real KubeRay operator, RayJobs whose entrypoints run on the local Ray, and rljob-operator as a
+process. The runtime itself is replaced by small commands through the rljob.dev/entrypoint
+annotation, so these tests exercise exactly what the operator owns."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from operator_process import OperatorProcess
+
+from rljob_api.resource import API_VERSION, KIND
+
+from spec_cases import patched
+
+pytestmark = pytest.mark.e2e
+
+SLEEP = "python -c 'import time; time.sleep(1800)'"
+H100 = {
+    "nodeSelector": {"rljob.dev/gpu-pool": "h100"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def operator(crd: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(crd.kubeconfig, tmp_path_factory.mktemp("operator"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def job(name: str, patch: dict[str, Any] | None = None, entrypoint: str | None = SLEEP) -> dict[str, Any]:
+    spec = patched({"resources": H100, **(patch or {})})
+    meta: dict[str, Any] = {"name": name}
+    if entrypoint:
+        meta["annotations"] = {"rljob.dev/entrypoint": entrypoint}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
+
+
+def wait_for(what: str, check: Callable[[], Any], operator: OperatorProcess, timeout: float = TIMEOUT) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(1)
+    pytest.fail(
+        f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\noperator log:\n{operator.log_tail()}",
+        pytrace=False,
+    )
+
+
+def status(cluster: Any, ns: str, name: str) -> dict[str, Any]:
+    obj = cluster.get("rljob", name, ns)
+    return (obj or {}).get("status") or {}
+
+
+def condition(st: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions", []) if c["type"] == kind), {})
+
+
+def in_phase(cluster: Any, ns: str, name: str, *phases: str) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        st = status(cluster, ns, name)
+        return st if st.get("phase") in phases else None
+
+    return check
+
+
+def test_gpu_job_runs_on_kuberay_with_pods_placed_by_the_scheduler(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    spec = {
+        "resources": {
+            "colocate": False,
+            "tolerations": H100["tolerations"],
+            "trainer": {"nodes": 1, "gpusPerNode": 8, "nodeSelector": {"rljob.dev/gpu-pool": "h100"}},
+            "rollout": {
+                "gpus": 8,
+                "gpusPerNode": 4,
+                "gpusPerEngine": 2,
+                "nodeSelector": {"rljob.dev/gpu-pool": "l4"},
+            },
+        }
+    }
+    crd.apply(_in(namespace, job("disagg", spec)))
+    st = wait_for("phase Running", in_phase(crd, namespace, "disagg", "Running"), operator)
+    assert st["gpus"] == 16 and condition(st, "Ready")["status"] == "True"
+    rayjob = crd.get("rayjob", "disagg", namespace)
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert set(groups) == {"trainer", "rollout"}
+    assert rayjob["metadata"]["ownerReferences"][0]["kind"] == KIND
+    pods = crd.list("pods", namespace, "rljob.dev/job=disagg")
+    nodes = {p["metadata"]["labels"]["rljob.dev/role"]: [] for p in pods}
+    for p in pods:
+        nodes[p["metadata"]["labels"]["rljob.dev/role"]].append(p["spec"].get("nodeName", ""))
+    assert len(nodes["trainer"]) == 1 and nodes["trainer"][0].startswith("gpu-h100")
+    assert len(nodes["rollout"]) == 2 and all(n.startswith("gpu-l4") for n in nodes["rollout"])
+    assert st["children"]["rayCluster"] == rayjob["status"]["rayClusterName"]
+    # kubectl shows it, and describe lists the events.
+    row = crd.kubectl("get", "rljobs", "-n", namespace).stdout.splitlines()[1].split()
+    assert row[:2] == ["disagg", "Running"] and row[4] == "16"
+    described = crd.kubectl("describe", "rljob", "disagg", "-n", namespace).stdout
+    assert "Created" in described and "-> Running" in described
+
+
+def test_job_outcome_maps_to_succeeded_and_failed(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    crd.apply(
+        _in(namespace, job("ok", entrypoint="true")),
+        _in(
+            namespace,
+            job("bad", entrypoint="python -c 'import sys; print(\"reward function crashed\"); sys.exit(3)'"),
+        ),
+    )
+    ok = wait_for("Succeeded", in_phase(crd, namespace, "ok", "Succeeded"), operator)
+    assert condition(ok, "Succeeded")["status"] == "True" and ok.get("completionTime")
+    bad = wait_for("Failed", in_phase(crd, namespace, "bad", "Failed"), operator)
+    failed = condition(bad, "Failed")
+    assert failed["status"] == "True" and condition(bad, "Stalled")["status"] == "True"
+    assert failed["reason"] and "RayJob bad" in failed["message"]
+
+
+def test_quota_admits_whole_gangs_in_order(crd: Any, operator: OperatorProcess, namespace: str) -> None:
+    crd.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus", "namespace": namespace},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "24"}},
+        }
+    )
+    sixteen = {"resources": {**H100, "trainer": {"nodes": 2, "gpusPerNode": 8}}}
+    crd.apply(_in(namespace, job("first", sixteen)))
+    wait_for("first Running", in_phase(crd, namespace, "first", "Running", "Starting"), operator)
+    crd.apply(_in(namespace, job("second", sixteen)))
+    queued = wait_for("second Queued", in_phase(crd, namespace, "second", "Queued"), operator)
+    assert condition(queued, "Queued")["reason"] == "InsufficientQuota"
+    assert "needs 16 nvidia.com/gpu" in condition(queued, "Queued")["message"]
+    time.sleep(5)  # a resync or two later it is still not (even partly) created
+    assert crd.get("rayjob", "second", namespace) is None
+    assert crd.get("serviceaccount", "second-runtime", namespace) is None
+    assert crd.list("pods", namespace, "rljob.dev/job=second") == []
+    crd.kubectl("delete", "rljob", "first", "-n", namespace, "--wait=false")
+    wait_for(
+        "second admitted", in_phase(crd, namespace, "second", "Starting", "Running"), operator, timeout=180
+    )
+    assert crd.get("rayjob", "second", namespace) is not None
+
+
+def test_suspend_frees_gpus_and_resume_restarts(crd: Any, operator: OperatorProcess, namespace: str) -> None:
+    crd.apply(_in(namespace, job("pausable")))
+    wait_for("Running", in_phase(crd, namespace, "pausable", "Running"), operator)
+    crd.kubectl(
+        "patch",
+        "rljob",
+        "pausable",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": True}}),
+    )
+    st = wait_for("Suspended", in_phase(crd, namespace, "pausable", "Suspended"), operator)
+    assert condition(st, "Suspended")["status"] == "True"
+    wait_for(
+        "pods gone", lambda: crd.list("pods", namespace, "rljob.dev/job=pausable") == [] or None, operator
+    )
+    assert crd.get("rayjob", "pausable", namespace)["spec"]["suspend"] is True
+    crd.kubectl(
+        "patch",
+        "rljob",
+        "pausable",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": False}}),
+    )
+    wait_for("Running again", in_phase(crd, namespace, "pausable", "Running"), operator, timeout=180)
+
+
+def test_delete_cascades_to_every_child(crd: Any, operator: OperatorProcess, namespace: str) -> None:
+    crd.apply(_in(namespace, job("doomed")))
+    st = wait_for("Running", in_phase(crd, namespace, "doomed", "Running"), operator)
+    cluster_name = st["children"]["rayCluster"]
+    crd.kubectl("delete", "rljob", "doomed", "-n", namespace)
+    for kind, name in [
+        ("rayjob", "doomed"),
+        ("raycluster", cluster_name),
+        ("serviceaccount", "doomed-runtime"),
+        ("role", "doomed-runtime"),
+        ("rolebinding", "doomed-runtime"),
+    ]:
+        wait_for(
+            f"{kind} {name} deleted",
+            lambda k=kind, n=name: crd.get(k, n, namespace) is None or None,
+            operator,
+        )
+    wait_for(
+        "pods deleted", lambda: crd.list("pods", namespace, "rljob.dev/job=doomed") == [] or None, operator
+    )
+
+
+def test_operator_restart_mid_flight_changes_nothing(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    crd.apply(_in(namespace, job("steady")))
+    before = wait_for("Running", in_phase(crd, namespace, "steady", "Running"), operator)
+    rayjob_uid = crd.get("rayjob", "steady", namespace)["metadata"]["uid"]
+    operator.kill()
+    crd.apply(_in(namespace, job("while-down")))  # created while no operator runs
+    operator.start()
+    wait_for("new job reconciled", in_phase(crd, namespace, "while-down", "Running", "Starting"), operator)
+    time.sleep(8)  # a resync after the restart
+    after = status(crd, namespace, "steady")
+    assert after["phase"] == "Running" and after["conditions"] == before["conditions"]
+    assert crd.get("rayjob", "steady", namespace)["metadata"]["uid"] == rayjob_uid
+    assert len(crd.list("rayclusters", namespace, "ray.io/originated-from-crd=RayJob")) == 2
+
+
+def test_jobs_that_cannot_run_say_why_and_create_nothing(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    long_name = "a" * 48
+    crd.apply(
+        _in(namespace, job(long_name)),
+        _in(
+            namespace,
+            job(
+                "too-big",
+                {
+                    "resources": {**H100, "trainer": {"nodes": 1, "gpusPerNode": 16}},
+                    "training": {"globalBatchSize": 256},
+                },
+            ),
+        ),
+        _in(
+            namespace,
+            job(
+                "no-secret",
+                {"resources": {**H100, "secrets": {"huggingFaceToken": {"name": "hf", "key": "token"}}}},
+            ),
+        ),
+    )
+    failed = wait_for("NameTooLong", in_phase(crd, namespace, long_name, "Failed"), operator)
+    assert condition(failed, "Failed")["reason"] == "NameTooLong"
+    too_big = wait_for(
+        "NoNodeFits",
+        lambda: (
+            condition(status(crd, namespace, "too-big"), "Stalled").get("reason") == "NoNodeFits"
+            and status(crd, namespace, "too-big")
+        ),
+        operator,
+    )
+    assert "needs 16 nvidia.com/gpu per pod" in condition(too_big, "Stalled")["message"]
+    stalled = wait_for(
+        "SecretNotFound",
+        lambda: (
+            condition(status(crd, namespace, "no-secret"), "Stalled").get("status") == "True"
+            and status(crd, namespace, "no-secret")
+        ),
+        operator,
+    )
+    assert "'hf'" in condition(stalled, "Stalled")["message"]
+    for name in (long_name, "too-big", "no-secret"):
+        assert crd.get("rayjob", name[:47], namespace) is None
+    # Creating the secret lets the stalled job go on.
+    crd.kubectl("create", "secret", "generic", "hf", "--from-literal=token=x", "-n", namespace)
+    wait_for("no-secret starts", in_phase(crd, namespace, "no-secret", "Starting", "Running"), operator)
+    warnings = crd.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "type=Warning", "-o", "json"
+    ).stdout
+    assert "NameTooLong" in warnings and "NoNodeFits" in warnings
+
+
+def test_metrics_count_reconciles_and_phases(crd: Any, operator: OperatorProcess) -> None:
+    text = wait_for(
+        "metrics",
+        lambda: "rljob_operator_reconcile_total" in operator.metrics() and operator.metrics(),
+        operator,
+    )
+    ok = [
+        line for line in text.splitlines() if line.startswith('rljob_operator_reconcile_total{result="ok"}')
+    ]
+    assert ok and float(ok[0].split()[-1]) > 0
+    assert (
+        'rljob_operator_jobs{phase="Running"}' in text and "rljob_operator_reconcile_seconds_bucket" in text
+    )
+
+
+def _in(namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["namespace"] = namespace
+    return obj
