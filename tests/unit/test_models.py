@@ -1,0 +1,49 @@
+"""Model references resolve offline to local HF directories, or fail naming the path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rljob_runtime.models import SMOLLM2_ID, ModelNotFoundError, resolve_model
+
+
+def test_local_directory_is_used_as_is(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model(tmp_path) == tmp_path.resolve()
+    assert resolve_model(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_missing_path_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ModelNotFoundError, match=re.escape(str(missing))):
+        resolve_model(missing)
+
+
+def test_unknown_hub_id_is_refused() -> None:
+    with pytest.raises(ModelNotFoundError, match=re.escape("Qwen/Qwen3-0.6B")):
+        resolve_model("Qwen/Qwen3-0.6B")
+
+
+def test_directory_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match=re.escape("config.json")):
+        resolve_model(tmp_path)
+
+
+@pytest.mark.slow
+def test_smollm2_builds_from_the_gguf_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """About 15 s on 2 cores the first time; cached under $RLJOB_CACHE afterwards."""
+    monkeypatch.setenv("RLJOB_CACHE", str(tmp_path))
+    path = resolve_model(SMOLLM2_ID)
+    assert path == tmp_path / "models" / "SmolLM2-135M-Instruct"
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
+    assert "quantization_config" not in config
+    assert (path / "model.safetensors").stat().st_size > 400e6  # fp32
+    assert (path / "chat_template.jinja").is_file() or "chat_template" in (
+        path / "tokenizer_config.json"
+    ).read_text()
+    assert resolve_model(SMOLLM2_ID) == path  # second call: no rebuild
