@@ -87,7 +87,8 @@ Quantity = Annotated[
     Field(
         pattern=QUANTITY_PATTERN,
         max_length=64,
-        json_schema_extra={"x-kubernetes-int-or-string": True},
+        # pydantic leaves `pattern` out of the JSON schema when a BeforeValidator is present: restate it.
+        json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN},
     ),
 ]
 """A Kubernetes resource quantity, e.g. 4, "500m", "16Gi"."""

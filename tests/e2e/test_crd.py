@@ -7,34 +7,16 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rljob_api.errors import SpecError
-from rljob_api.resource import API_VERSION, CRD_NAME, KIND, parse_spec
+from rljob_api.resource import API_VERSION, KIND, parse_spec
 
 from spec_cases import BASE_SPEC, IMMUTABLE_CASES, MUTABLE_PATCHES, RULE_CASES, SCHEMA_CASES, Case, patched
 
 pytestmark = pytest.mark.e2e
-
-CRDS = Path(__file__).resolve().parents[2] / "crds"
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Any) -> Iterator[Any]:
-    """Install (or update) the CRD server-side, as the docs tell users to, and wait until served."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    # Discovery of the new kind can lag Established by a moment.
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "rljobs", "-A", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "rljobs not served 30 s after the CRD was Established"
-        time.sleep(0.5)
-    yield cluster
 
 
 def _manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:

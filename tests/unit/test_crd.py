@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from rljob_api import crdgen
+from rljob_api.base import QUANTITY_PATTERN
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / crdgen.CRD_FILE
@@ -136,3 +137,14 @@ def test_committed_api_reference_is_fresh() -> None:
     from rljob_api import docgen
 
     assert (REPO / "docs" / "api-reference.md").read_text() == docgen.render(), "run `make docs`"
+
+
+def test_quantities_are_int_or_string_with_the_kubernetes_pattern() -> None:
+    quantities = [(p, n) for p, n in _walk(_schema()) if n.get("x-kubernetes-int-or-string")]
+    assert {p for p, _ in quantities} >= {
+        ".spec.resources.head.memory",
+        ".spec.resources.trainer.cpu",
+        ".spec.resources.shmSize",
+    }
+    for path, node in quantities:
+        assert node.get("pattern") == QUANTITY_PATTERN, path
