@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port)
     kopf.run(
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace,
         liveness_endpoint=args.liveness,
         standalone=True,
     )

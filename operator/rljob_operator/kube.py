@@ -58,17 +58,31 @@ class Kube:
     def __init__(self, api: client.ApiClient | None = None) -> None:
         self.api = api or client.ApiClient()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query_params: list[tuple[str, str]] | None = None,
+        header_params: dict[str, str] | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": "application/json", **(header_params or {})}
+
         def call() -> Any:
-            data = self.api.call_api(
-                path,
+            _, url, headers_out, body_out, post = self.api.param_serialize(
                 method,
-                response_type="object",
+                path,
+                query_params=query_params,
+                header_params=headers,
+                body=body,
                 auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                **kwargs,
             )
-            return data
+            response = self.api.call_api(method, url, headers_out, body_out, post, _request_timeout=60)
+            response.read()
+            if not 200 <= response.status < 300:
+                raise ApiException(http_resp=response)
+            return json.loads(response.data) if response.data else None
 
         return await asyncio.to_thread(call)
 
@@ -89,7 +103,7 @@ class Kube:
             path,
             body=json.loads(json.dumps(obj)),
             query_params=[("fieldManager", OPERATOR_FIELD_MANAGER), ("force", "true")],
-            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+            header_params={"Content-Type": "application/apply-patch+yaml"},
         )
 
     async def apply_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:

@@ -105,8 +105,8 @@ def test_gpu_job_runs_on_kuberay_with_pods_placed_by_the_scheduler(
     assert len(nodes["rollout"]) == 2 and all(n.startswith("gpu-l4") for n in nodes["rollout"])
     assert st["children"]["rayCluster"] == rayjob["status"]["rayClusterName"]
     # kubectl shows it, and describe lists the events.
-    row = crd.kubectl("get", "rljobs", "-n", namespace).stdout.splitlines()[1].split()
-    assert row[:2] == ["disagg", "Running"] and row[4] == "16"
+    (row,) = table(crd.kubectl("get", "rljobs", "-n", namespace).stdout)
+    assert (row["NAME"], row["PHASE"], row["GPUS"], row["STEP"]) == ("disagg", "Running", "16", "")
     described = crd.kubectl("describe", "rljob", "disagg", "-n", namespace).stdout
     assert "Created" in described and "-> Running" in described
 
@@ -295,6 +295,15 @@ def test_metrics_count_reconciles_and_phases(crd: Any, operator: OperatorProcess
     assert (
         'rljob_operator_jobs{phase="Running"}' in text and "rljob_operator_reconcile_seconds_bucket" in text
     )
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """kubectl's table output as rows of {column: value}, cut at the header's column starts (empty cells stay empty)."""
+    header, *rows = text.splitlines()
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    names = [header[a:b].strip() for a, b in bounds]
+    return [{n: row[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)} for row in rows]
 
 
 def _in(namespace: str, obj: dict[str, Any]) -> dict[str, Any]:

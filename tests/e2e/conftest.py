@@ -1,0 +1,168 @@
+"""Fixtures for e2e tests against the local control plane (tools/devcluster/devcluster.py).
+
+The session fixture ``cluster`` reuses a healthy running dev cluster, or starts one (building the
+binaries on first use) and stops it at the end of the session unless ``RLJOB_KEEP_CLUSTER=1``.
+When the harness cannot start, every test using it fails with the harness's message: e2e tests
+are never skipped silently, so CI notices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
+# A cold build of the Go binaries takes many minutes on a small machine.
+UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running dev cluster: a real API server, kwok nodes, KubeRay and a local Ray head."""
+
+    name: str
+    kubeconfig: Path
+    kubectl_bin: Path
+    apiserver: str
+    ray_dashboard: str
+    started_here: bool
+    state: dict[str, Any] = field(repr=False)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        return env
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs kubectl against this cluster; with check=True a failure fails the test with stderr."""
+        cmd = [str(self.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(
+                f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}",
+                pytrace=False,
+            )
+        return proc
+
+    def apply(self, *objs: dict[str, Any]) -> None:
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)})
+        )
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        ns = [f"--namespace={namespace}"] if namespace else []
+        proc = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr:
+                return None
+            pytest.fail(f"kubectl get {kind} {name}: {proc.stderr}", pytrace=False)
+        return json.loads(proc.stdout)
+
+    def list(self, kind: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        args = ["get", kind, f"--namespace={namespace}", "-o", "json"]
+        if selector:
+            args.append(f"--selector={selector}")
+        return json.loads(self.kubectl(*args).stdout)["items"]
+
+    def logs_hint(self) -> str:
+        return f"logs: {self.state.get('logs')} and {self.state.get('kwok', {}).get('logs')}"
+
+
+def _devcluster(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(DEVCLUSTER), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+def _status(name: str) -> tuple[bool, dict[str, Any]]:
+    proc = _devcluster("status", "--json", f"--name={name}", timeout=120)
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        return False, {"error": proc.stdout + proc.stderr}
+    return proc.returncode == 0 and bool(info.get("ok")), info
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
+    ok, info = _status(name)
+    started = False
+    if not ok:
+        t0 = time.monotonic()
+        try:
+            up = _devcluster("up", f"--name={name}", "--recreate", timeout=UP_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"devcluster up did not finish in {UP_TIMEOUT_S:.0f} s: {exc}", pytrace=False)
+        if up.returncode != 0:
+            pytest.fail(
+                f"the e2e harness could not start (devcluster up exited {up.returncode}):\n"
+                f"{up.stderr}\n--- stdout ---\n{up.stdout}",
+                pytrace=False,
+            )
+        sys.stderr.write(f"\n[e2e] started dev cluster {name} in {time.monotonic() - t0:.0f} s\n")
+        started = True
+        ok, info = _status(name)
+        if not ok:
+            pytest.fail(
+                f"dev cluster {name} started but is not healthy: {json.dumps(info, indent=2)}", pytrace=False
+            )
+    state = info["state"]
+    c = Cluster(
+        name=name,
+        kubeconfig=Path(state["kubeconfig"]),
+        kubectl_bin=Path(state["kubectl"]),
+        apiserver=state["apiserver"],
+        ray_dashboard=state["ray"]["dashboard"],
+        started_here=started,
+        state=state,
+    )
+    try:
+        yield c
+    finally:
+        if started and os.environ.get("RLJOB_KEEP_CLUSTER") != "1":
+            down = _devcluster("down", f"--name={name}", timeout=600)
+            if down.returncode != 0:
+                sys.stderr.write(f"[e2e] devcluster down failed:\n{down.stdout}{down.stderr}\n")
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting for it to go away)."""
+    ns = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        yield ns
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> Cluster:
+    """The RLTrainingJob CRD installed (or updated) server-side, as the docs tell users to."""
+    from rljob_api.resource import CRD_NAME
+
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # Discovery of a new kind can lag Established by a moment.
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "rljobs", "-A", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail("rljobs not served 30 s after the CRD was Established", pytrace=False)
+        time.sleep(0.5)
+    return cluster
