@@ -1,0 +1,211 @@
+"""Control plane: kwokctl configuration and start, fake node pools, KubeRay CRDs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from build import KWOK_VERSION, gomod_versions, kuberay_crd_dir
+from common import LOOPBACK, HarnessError, log
+from procs import wait_for
+from state import Ctx, save_state
+
+
+def kwokctl_config(ctx: Ctx, kube_version: str) -> Path:
+    conf = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "options": {
+            "runtime": "binary",
+            "kubeVersion": kube_version,
+            "bindAddress": LOOPBACK,
+            "quietPull": True,
+            "kubeApiserverBinary": str(ctx.bins["kube-apiserver"]),
+            "kubeControllerManagerBinary": str(ctx.bins["kube-controller-manager"]),
+            "kubeSchedulerBinary": str(ctx.bins["kube-scheduler"]),
+            "kwokControllerBinary": str(ctx.bins["kwok"]),
+            "etcdBinary": str(ctx.bins["etcd"]),
+            "kubectlBinary": str(ctx.bins["kubectl"]),
+            "cacheDir": str(ctx.dir / "kwok-cache"),
+        },
+    }
+    path = ctx.dir / "kwokctl.yaml"
+    path.write_text(yaml.safe_dump(conf, sort_keys=False))
+    return path
+
+
+def start_control_plane(ctx: Ctx, state: dict[str, Any]) -> None:
+    kube_version = gomod_versions()["kubernetes"]
+    conf = kwokctl_config(ctx, kube_version)
+    logfile = ctx.logs / "kwokctl-create.log"
+    cmd = [
+        str(ctx.bins["kwokctl"]),
+        f"--config={conf}",
+        "create",
+        "cluster",
+        f"--name={ctx.name}",
+        f"--kubeconfig={ctx.kubeconfig}",
+        "--wait=3m",
+        "--timeout=5m",
+    ]
+    log(
+        f"starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (kwokctl {KWOK_VERSION})"
+    )
+    state["kwok"] = {"workdir": str(ctx.kwok_workdir), "logs": str(ctx.kwok_cluster_dir / "logs")}
+    save_state(ctx, state)
+    with logfile.open("w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        try:
+            proc = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=ctx.env(), timeout=420, cwd=ctx.dir
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HarnessError("kwokctl create cluster", "timed out after 420 s", logfile) from exc
+    if proc.returncode != 0:
+        raise HarnessError(
+            "kwokctl create cluster",
+            f"exited {proc.returncode}; component logs: {ctx.kwok_cluster_dir / 'logs'}",
+            logfile,
+        )
+    kc = yaml.safe_load(ctx.kubeconfig.read_text())
+    server = kc["clusters"][0]["cluster"]["server"]
+    state["apiserver"] = server
+    save_state(ctx, state)
+    wait_for(
+        "kube-apiserver /readyz",
+        lambda: ctx.kubectl("get", "--raw=/readyz", check=False, timeout=10).returncode == 0,
+        120,
+        ctx.kwok_cluster_dir / "logs" / "kube-apiserver.log",
+    )
+    log(f"kube-apiserver {kube_version} ready at {server}")
+
+
+# Realistic shapes: a3-highgpu-8g (8x H100 80GB), g2-standard-48 (4x L4), n2-standard-32.
+NODE_POOLS: list[dict[str, Any]] = [
+    {
+        "prefix": "gpu-h100",
+        "count": 4,
+        "gpus": 8,
+        "cpu": "208",
+        "cpu_alloc": "206",
+        "memory": "1872Gi",
+        "memory_alloc": "1800Gi",
+        "labels": {
+            "rljob.dev/gpu-pool": "h100",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "node.kubernetes.io/instance-type": "a3-highgpu-8g",
+        },
+    },
+    {
+        "prefix": "gpu-l4",
+        "count": 2,
+        "gpus": 4,
+        "cpu": "48",
+        "cpu_alloc": "47",
+        "memory": "192Gi",
+        "memory_alloc": "180Gi",
+        "labels": {
+            "rljob.dev/gpu-pool": "l4",
+            "nvidia.com/gpu.product": "NVIDIA-L4",
+            "nvidia.com/gpu.count": "4",
+            "node.kubernetes.io/instance-type": "g2-standard-48",
+        },
+    },
+    {
+        "prefix": "cpu",
+        "count": 2,
+        "gpus": 0,
+        "cpu": "32",
+        "cpu_alloc": "31",
+        "memory": "128Gi",
+        "memory_alloc": "120Gi",
+        "labels": {"node.kubernetes.io/instance-type": "n2-standard-32"},
+    },
+]
+
+
+def node_manifests() -> list[dict[str, Any]]:
+    nodes = []
+    for pool in NODE_POOLS:
+        for i in range(pool["count"]):
+            name = f"{pool['prefix']}-{i}"
+            capacity = {
+                "cpu": pool["cpu"],
+                "memory": pool["memory"],
+                "pods": "110",
+                "ephemeral-storage": "1Ti",
+            }
+            alloc = {
+                "cpu": pool["cpu_alloc"],
+                "memory": pool["memory_alloc"],
+                "pods": "110",
+                "ephemeral-storage": "900Gi",
+            }
+            spec: dict[str, Any] = {}
+            if pool["gpus"]:
+                capacity["nvidia.com/gpu"] = str(pool["gpus"])
+                alloc["nvidia.com/gpu"] = str(pool["gpus"])
+                spec["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                        "labels": {
+                            "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            "type": "kwok",
+                            "rljob.dev/node-pool": pool["prefix"],
+                            **pool["labels"],
+                        },
+                    },
+                    "spec": spec,
+                    "status": {
+                        "capacity": capacity,
+                        "allocatable": alloc,
+                        "nodeInfo": {
+                            "architecture": "amd64",
+                            "operatingSystem": "linux",
+                            "kubeletVersion": "fake",
+                            "kubeProxyVersion": "fake",
+                        },
+                    },
+                }
+            )
+    return nodes
+
+
+def create_nodes(ctx: Ctx) -> list[str]:
+    nodes = node_manifests()
+    doc = yaml.safe_dump_all(nodes, sort_keys=False)
+    ctx.kubectl("apply", "-f", "-", input=doc)
+    names = [n["metadata"]["name"] for n in nodes]
+    proc = ctx.kubectl(
+        "wait",
+        "--for=condition=Ready",
+        "--timeout=90s",
+        *[f"node/{n}" for n in names],
+        check=False,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise HarnessError(
+            "fake nodes (kwok)", proc.stderr.strip(), ctx.kwok_cluster_dir / "logs" / "kwok-controller.log"
+        )
+    log(f"{len(names)} fake nodes Ready: " + ", ".join(names))
+    return names
+
+
+def install_kuberay_crds(ctx: Ctx) -> None:
+    crds = kuberay_crd_dir()
+    ctx.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=120)
+    names = [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in sorted(crds.glob("*.yaml"))]
+    ctx.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names, timeout=90)
+    log(f"KubeRay {gomod_versions()['kuberay']} CRDs established: {', '.join(n[4:] for n in names)}")

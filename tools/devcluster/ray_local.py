@@ -1,0 +1,117 @@
+"""The local Ray head (CPU) and the dashboard proxy (dashproxy.py) that KubeRay reaches it through."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from common import HERE, LOOPBACK, RAY_DASHBOARD_PORT_IN_CLUSTER, HarnessError, log
+from procs import free_port, free_ports, http_get, http_json, spawn, wait_for
+from state import Ctx, save_state
+
+
+def venv_bin() -> Path:
+    return Path(sys.executable).parent
+
+
+def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
+    ray = venv_bin() / "ray"
+    logfile = ctx.logs / "ray-head.log"
+    if not ray.exists():
+        raise HarnessError(
+            "ray head", f"{ray} not found: install ray[default] into the venv ({sys.executable})"
+        )
+    gcs, dash, client, agent_grpc, agent_http, metrics, nm, om, rtenv = free_ports(9)
+    temp = ctx.ray_temp
+    temp.mkdir(parents=True, exist_ok=True)
+    env = ctx.env()
+    env["PATH"] = f"{venv_bin()}{os.pathsep}{env['PATH']}"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.pop("RAY_ADDRESS", None)
+    cmd = [
+        str(ray),
+        "start",
+        "--head",
+        "--block",
+        f"--node-ip-address={LOOPBACK}",
+        f"--port={gcs}",
+        "--include-dashboard=true",
+        f"--dashboard-host={LOOPBACK}",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--dashboard-agent-listen-port={agent_http}",
+        f"--metrics-export-port={metrics}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--runtime-env-agent-port={rtenv}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        "--object-store-memory=268435456",
+        f"--temp-dir={temp}",
+        "--disable-usage-stats",
+    ]
+    log(f"starting a local Ray head (CPU, dashboard on {LOOPBACK}:{dash})")
+    proc = spawn(cmd, logfile, env)
+    state["ray"] = {
+        "pid": proc.pid,
+        "gcs_address": f"{LOOPBACK}:{gcs}",
+        "dashboard": f"http://{LOOPBACK}:{dash}",
+        "dashboard_port": dash,
+        "temp_dir": str(temp),
+        "log": str(logfile),
+    }
+    save_state(ctx, state)
+    base = f"http://{LOOPBACK}:{dash}"
+    wait_for("ray head dashboard", lambda: http_get(base + "/api/version")[0] == 200, 180, logfile, proc)
+    smoke_test_ray(base, logfile)
+    log(f"Ray head ready (GCS {LOOPBACK}:{gcs}, dashboard {base}, logs under {temp})")
+
+
+def smoke_test_ray(base: str, logfile: Path) -> None:
+    """Submits a trivial job, so the job agent is known to be up before KubeRay needs it."""
+    deadline = time.monotonic() + 120
+    sub_id = f"rljob-devcluster-smoke-{int(time.time())}"
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            http_json(base + "/api/jobs/", {"entrypoint": "true", "submission_id": sub_id}, timeout=30)
+            break
+        except (OSError, urllib.error.URLError) as exc:
+            last = str(exc)
+            time.sleep(1)
+    else:
+        raise HarnessError("ray job smoke test", f"cannot submit a job: {last}", logfile)
+    while time.monotonic() < deadline:
+        info = http_json(f"{base}/api/jobs/{sub_id}")
+        if info.get("status") in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if info["status"] != "SUCCEEDED":
+                raise HarnessError(
+                    "ray job smoke test", f"trivial job ended {info['status']}: {info}", logfile
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                req = urllib.request.Request(f"{base}/api/jobs/{sub_id}", method="DELETE")
+                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10).close()
+            return
+        time.sleep(0.5)
+    raise HarnessError("ray job smoke test", "trivial job did not finish in 120 s", logfile)
+
+
+def start_proxy(ctx: Ctx, state: dict[str, Any]) -> None:
+    port = free_port()
+    logfile = ctx.logs / "dashproxy.log"
+    dash = state["ray"]["dashboard_port"]
+    cmd = [sys.executable, str(HERE / "dashproxy.py"), f"--listen-port={port}", f"--target-port={dash}"]
+    proc = spawn(cmd, logfile, ctx.env())
+    url = f"http://{LOOPBACK}:{port}"
+    state["proxy"] = {"pid": proc.pid, "url": url, "port": port, "log": str(logfile)}
+    save_state(ctx, state)
+    probe = f"http://probe-head-svc.default.svc.cluster.local:{RAY_DASHBOARD_PORT_IN_CLUSTER}/api/version"
+    wait_for("dashboard proxy", lambda: http_get(probe, proxy=url)[0] == 200, 30, logfile, proc)
+    log(f"dashboard proxy ready at {url}: *:{RAY_DASHBOARD_PORT_IN_CLUSTER} -> {LOOPBACK}:{dash}")
