@@ -309,3 +309,57 @@ def table(text: str) -> list[dict[str, str]]:
 def _in(namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
     obj["metadata"]["namespace"] = namespace
     return obj
+
+
+def test_mutable_spec_changes_reach_the_rayjob_and_spec_is_never_written(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    crd.apply(_in(namespace, job("tunable")))
+    wait_for("Running", in_phase(crd, namespace, "tunable", "Running"), operator)
+    patch = {"spec": {"activeDeadlineSeconds": 7200, "training": {"numRollout": 500}}}
+    crd.kubectl("patch", "rljob", "tunable", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+
+    def updated() -> dict[str, Any] | None:
+        spec = crd.get("rayjob", "tunable", namespace)["spec"]
+        return (
+            spec
+            if spec.get("activeDeadlineSeconds") == 7200
+            and '\\"numRollout\\":500' in json.dumps(spec["runtimeEnvYAML"])
+            else None
+        )
+
+    wait_for("RayJob updated", updated, operator)
+    obj = json.loads(
+        crd.kubectl("get", "rljob", "tunable", "-n", namespace, "-o", "json", "--show-managed-fields").stdout
+    )
+    writers = {(m["manager"], m.get("subresource", "")) for m in obj["metadata"]["managedFields"]}
+    assert ("rljob-operator", "status") in writers
+    assert not any(manager == "rljob-operator" and sub != "status" for manager, sub in writers), writers
+
+
+def test_kueue_jobs_wait_suspended_and_follow_admission(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    # Kueue itself is not part of the harness: this test makes the one write Kueue makes on
+    # admission (RayJob spec.suspend -> false) and checks the operator follows instead of fighting it.
+    crd.apply(_in(namespace, job("queued", {"queueName": "team-a"})))
+    st = wait_for("WaitingForKueue", in_phase(crd, namespace, "queued", "Queued"), operator)
+    assert condition(st, "Queued")["reason"] == "WaitingForKueue" and st["queue"] == "team-a"
+    rayjob = crd.get("rayjob", "queued", namespace)
+    assert rayjob["spec"]["suspend"] is True
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert crd.list("pods", namespace, "rljob.dev/job=queued") == []
+    crd.kubectl(
+        "patch",
+        "rayjob",
+        "queued",
+        "-n",
+        namespace,
+        "--type=merge",
+        "--field-manager=kueue-admission",
+        "-p",
+        json.dumps({"spec": {"suspend": False}}),
+    )
+    wait_for("Running after admission", in_phase(crd, namespace, "queued", "Running"), operator, timeout=180)
+    time.sleep(6)  # a resync later the operator has not suspended it again
+    assert crd.get("rayjob", "queued", namespace)["spec"]["suspend"] is False
