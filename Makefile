@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-unit test-integration test-e2e lint crds crds-check docs docs-check cluster-up cluster-down demo
+.PHONY: help venv test test-unit test-integration test-e2e test-gpu lint crds crds-check docs docs-check cluster-up cluster-down demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ test-integration: venv ## integration tests (real sglang-router, hf engines, loc
 
 test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
 	$(PY) -m pytest tests/e2e -q -m e2e
+
+test-gpu: venv ## GPU tests (skipped without a GPU; run them on a GPU machine)
+	$(PY) -m pytest tests/gpu -q -m gpu
 
 test: lint crds-check docs-check test-unit test-integration test-e2e ## everything CI runs
 
