@@ -102,8 +102,9 @@ def worker_groups(job: Job) -> list[WorkerGroup]:
     ]
 
 
-def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool) -> dict[str, Any]:
-    """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, Kueue admission)."""
+def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> dict[str, Any]:
+    """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, quota, Kueue);
+    None leaves the field out, so whoever owns it (Kueue) keeps it."""
     spec = job.spec
     labels = child_labels(job.name, "rayjob")
     if spec.queue_name:
@@ -136,6 +137,8 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool) -> dict[st
             "workerGroupSpecs": [_worker_group_spec(job, group) for group in worker_groups(job)],
         },
     }
+    if suspend is None:
+        del rayjob_spec["suspend"]
     if spec.ttl_seconds_after_finished is not None:
         rayjob_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     if spec.active_deadline_seconds is not None:

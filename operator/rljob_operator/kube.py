@@ -94,7 +94,9 @@ class Kube:
                 return None
             raise
 
-    async def apply(self, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+    async def apply(
+        self, obj: Mapping[str, Any], *, subresource: str = "", manager: str = OPERATOR_FIELD_MANAGER
+    ) -> dict[str, Any]:
         """Server-side apply `obj` (force: the operator owns what it sets)."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], subresource)
@@ -102,7 +104,7 @@ class Kube:
             "PATCH",
             path,
             body=json.loads(json.dumps(obj)),
-            query_params=[("fieldManager", OPERATOR_FIELD_MANAGER), ("force", "true")],
+            query_params=[("fieldManager", manager), ("force", "true")],
             header_params={"Content-Type": "application/apply-patch+yaml"},
         )
 

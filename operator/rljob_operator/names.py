@@ -16,6 +16,10 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # e.g. to check an image or a cluster before a long run. Read when the RayJob is created.
 ENTRYPOINT_ANNOTATION = f"{GROUP_PREFIX}/entrypoint"
 
+# Field manager that creates a Kueue job's RayJob suspended and then leaves `spec.suspend` to Kueue:
+# the operator's own applies omit that field, so they never undo an admission (or a preemption).
+KUEUE_GATE_MANAGER = "rljob-operator-kueue-gate"
+
 # KubeRay names the RayCluster "<rayjob>-<5 chars>" and its services after that: RayJob names are
 # limited to 47 characters.
 RAYJOB_NAME_MAX = 47

@@ -25,7 +25,7 @@ from .checks import Blocker, check_name, check_nodes, check_references
 from .job import Job, job_from_object
 from .kube import Kube
 from .metrics import Metrics
-from .names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
+from .names import KUEUE_GATE_MANAGER, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
 from .quota import Decision, JobDemand, Quota, decide
 from .status import TERMINAL, Observed, compute_status, status_changed
 
@@ -97,11 +97,16 @@ class Reconciler:
             if not running:
                 blocker = await self._preflight(job)
             if blocker is None:
-                suspend, queue = await self._admission(job, rayjob)
-                if suspend is not None:
+                create, suspend, queue = await self._admission(job, rayjob)
+                if create:
                     for child in build_runtime_rbac(job):
                         await self.kube.apply(child)
                     created = rayjob is None
+                    if created and job.spec.queue_name and not job.spec.suspend:
+                        # Born suspended under a manager of its own, which Kueue's admission replaces.
+                        await self.kube.apply(
+                            build_rayjob(job, self.settings, suspend=True), manager=KUEUE_GATE_MANAGER
+                        )
                     rayjob = await self.kube.apply(build_rayjob(job, self.settings, suspend=suspend))
                     if created:
                         self.emit(
@@ -138,19 +143,20 @@ class Reconciler:
 
     async def _admission(
         self, job: Job, rayjob: dict[str, Any] | None
-    ) -> tuple[bool | None, Decision | None]:
-        """(suspend value to apply, or None to create nothing yet; the quota decision if one was made)."""
+    ) -> tuple[bool, bool | None, Decision | None]:
+        """(create or update the RayJob?, the suspend value to apply (None: leave it to Kueue),
+        the quota decision if one was made)."""
+        exists = rayjob is not None
         if job.spec.suspend:
-            return (True if rayjob is not None else None), None
+            return exists, True, None
         if job.spec.queue_name:
-            # Kueue admits: create suspended, then mirror what Kueue sets.
-            return (bool((rayjob.get("spec") or {}).get("suspend")) if rayjob is not None else True), None
-        if rayjob is not None and not (rayjob.get("spec") or {}).get("suspend"):
-            return False, None  # already admitted: never re-queued
+            return True, None, None  # Kueue decides when it runs
+        if exists and not (rayjob.get("spec") or {}).get("suspend"):
+            return True, False, None  # already admitted: never re-queued
         decision = await self._quota(job)
         if decision.admitted:
-            return False, decision
-        return (True if rayjob is not None else None), decision
+            return True, False, decision
+        return exists, True, decision
 
     async def _quota(self, job: Job) -> Decision:
         resource = job.spec.resources.gpu_resource_name

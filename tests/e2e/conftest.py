@@ -159,10 +159,13 @@ def crd(cluster: Cluster) -> Cluster:
 
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    # Discovery of a new kind can lag Established by a moment.
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "rljobs", "-A", check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            pytest.fail("rljobs not served 30 s after the CRD was Established", pytrace=False)
-        time.sleep(0.5)
+    # Discovery and the published OpenAPI (kubectl explain) of a new kind lag Established a little.
+    deadline = time.monotonic() + 60
+    for probe in (("get", "rljobs", "-A"), ("explain", "rltrainingjob.spec")):
+        while cluster.kubectl(*probe, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"kubectl {' '.join(probe)} still fails 60 s after the CRD was Established", pytrace=False
+                )
+            time.sleep(0.5)
     return cluster
