@@ -1,0 +1,182 @@
+"""Progress of a run: one line per step on stdout, TensorBoard scalars, and under the operator the
+RLTrainingJob's status.progress (server-side apply, field manager rljob-runtime).
+
+`progress_document` and `progress_line` are pure; the reporter does the I/O. A failed status
+patch is logged and retried at the next step: reporting never stops training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from rljob_api.contract import RUNTIME_FIELD_MANAGER
+from rljob_api.resource import API_VERSION, KIND
+
+log = logging.getLogger("rljob.report")
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    name: str
+    namespace: str
+
+
+def progress_document(
+    step: int,
+    total: int,
+    metrics: Mapping[str, float],
+    *,
+    now: datetime,
+    checkpoint: tuple[int, str] | None = None,
+    eval_rewards: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """status.progress as the CRD declares it (camelCase; floats rounded for `kubectl get`)."""
+    doc: dict[str, Any] = {
+        "step": step,
+        "numRollout": total,
+        "stepText": f"{step}/{total}",
+        "updatedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    for key, metric in (
+        ("rewardMean", "reward/mean"),
+        ("rewardStd", "reward/std"),
+        ("responseLengthMean", "response_length/mean"),
+        ("stepSeconds", "time/step"),
+    ):
+        value = metrics.get(metric)
+        if value is not None and math.isfinite(value):
+            doc[key] = round(float(value), 4)
+    step_time = metrics.get("time/step")
+    if step_time is not None and math.isfinite(step_time):
+        doc["etaSeconds"] = int(step_time * max(0, total - step))
+    if eval_rewards:
+        doc["eval"] = {name: round(float(v), 4) for name, v in eval_rewards.items()}
+    if checkpoint is not None:
+        doc["lastCheckpointStep"], doc["lastCheckpoint"] = checkpoint
+    return doc
+
+
+def progress_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
+    """`[  3/20  15%] reward 0.412±0.200 len 31 trunc 0.06 kl 0.0012 clip 0.020 | gen 12.1s train 8.3s sync 0.4s | 210 tok/s | eta 4m12s`"""
+    width = len(str(total))
+    parts = [f"[{step:>{width}}/{total} {100 * step // max(total, 1):>3}%]"]
+
+    def metric(label: str, key: str, fmt: str) -> None:
+        if key in metrics:
+            parts.append(f"{label} {format(metrics[key], fmt)}")
+
+    if "reward/mean" in metrics:
+        parts.append(f"reward {metrics['reward/mean']:.3f}±{metrics.get('reward/std', 0.0):.3f}")
+    metric("len", "response_length/mean", ".0f")
+    metric("trunc", "response/truncated_frac", ".2f")
+    metric("kl", "train/ppo_kl", ".4f")
+    metric("clip", "train/pg_clipfrac", ".3f")
+    times = [
+        f"{k[5:]} {metrics[k]:.1f}s"
+        for k in ("time/generate", "time/train", "time/sync", "time/save")
+        if k in metrics
+    ]
+    if times:
+        parts.append("| " + " ".join(times))
+    if "rollout/tokens_per_s" in metrics:
+        parts.append(f"| {metrics['rollout/tokens_per_s']:.0f} tok/s")
+    if "time/step" in metrics:
+        parts.append(f"| eta {_duration(metrics['time/step'] * max(0, total - step))}")
+    return " ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class ProgressReporter:
+    """stdout + TensorBoard + (when `job` is set) the RLTrainingJob status."""
+
+    def __init__(
+        self, total: int, *, job: JobIdentity | None, tensorboard_dir: str | None, stream: TextIO = sys.stdout
+    ) -> None:
+        self.total = total
+        self.job = job
+        self.stream = stream
+        self.writer = None
+        if tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(tensorboard_dir)
+        self._api = None
+
+    def step(
+        self,
+        step: int,
+        metrics: Mapping[str, float],
+        *,
+        checkpoint: tuple[int, str] | None = None,
+        eval_rewards: Mapping[str, float] | None = None,
+    ) -> None:
+        print(progress_line(step, self.total, metrics), file=self.stream, flush=True)
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, step)
+            for name, value in (eval_rewards or {}).items():
+                self.writer.add_scalar(f"eval/{name}/reward", value, step)
+            self.writer.flush()
+        if self.job is not None:
+            doc = progress_document(
+                step,
+                self.total,
+                metrics,
+                now=datetime.now(UTC),
+                checkpoint=checkpoint,
+                eval_rewards=eval_rewards,
+            )
+            self._patch(doc)
+
+    def _patch(self, progress: dict[str, Any]) -> None:
+        assert self.job is not None
+        try:
+            if self._api is None:
+                self._api = _status_api()
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": self.job.name, "namespace": self.job.namespace},
+                "status": {"progress": progress},
+            }
+            self._api.patch_namespaced_custom_object_status(
+                "rljob.dev",
+                "v1alpha1",
+                self.job.namespace,
+                "rltrainingjobs",
+                self.job.name,
+                body,
+                field_manager=RUNTIME_FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except Exception as exc:  # never stop training for a status update
+            log.warning(
+                "could not report progress to RLTrainingJob %s/%s: %s", self.job.namespace, self.job.name, exc
+            )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _status_api() -> Any:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()  # the ServiceAccount the operator created for this job
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CustomObjectsApi()

@@ -1,0 +1,287 @@
+"""One rollout engine: a Ray actor on the engine's first placement bundle that owns the server process.
+
+The server is a child process of the actor (``hf``: ``python -m rljob_runtime.rollout.hf_server``;
+``sglang``: ``python -m sglang.launch_server``) on a free port of the actor's node. The actor only
+launches, watches and kills it; requests go straight to the server's URL (through the router).
+
+The child never outlives the actor: it has its own process group (killed as a whole) and
+``PR_SET_PDEATHSIG`` (see ``procs``), and ``shutdown`` or a finalizer (GC, interpreter exit) kills it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import ray
+
+from . import procs, protocol
+
+EngineKind = Literal["hf", "sglang"]
+
+# Colocated engines share their bundle with a trainer rank: take a fifth of it (slime does the same).
+COLOCATED_FRACTION = 0.2
+
+
+class EngineStartError(RuntimeError):
+    """The engine server exited or never became healthy; the message ends with its log."""
+
+
+def engine_command(
+    kind: EngineKind,
+    *,
+    model_path: str,
+    host: str,
+    port: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    threads: int | None = None,
+    tp_size: int = 1,
+    base_gpu_id: int = 0,
+    enable_memory_saver: bool = False,
+    sglang_args: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The server's command line (pure, so the SGLang flags can be checked without SGLang)."""
+    if kind == "hf":
+        cmd = [sys.executable, "-m", "rljob_runtime.rollout.hf_server", "--model-path", model_path]
+        cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--device", device]
+        cmd += ["--seed", str(seed)]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        return cmd
+    # rollout.sglangArgs: an empty value means a bare flag
+    extra: dict[str, Any] = {
+        key: (True if value == "" else value) for key, value in (sglang_args or {}).items()
+    }
+    extra.setdefault("dtype", dtype)
+    extra.setdefault("random-seed", seed)
+    args = protocol.sglang_launch_args(
+        model_path=model_path,
+        host=host,
+        port=port,
+        tp_size=tp_size,
+        base_gpu_id=base_gpu_id,
+        enable_memory_saver=enable_memory_saver,
+        extra=extra,
+    )
+    return [sys.executable, "-m", "sglang.launch_server", *args]
+
+
+def actor_options(slot: Any, *, colocated: bool, device: str) -> dict[str, Any]:
+    """Ray options that pin an ``EngineActor`` to ``slot`` (a ``placement.Slot``)."""
+    fraction = COLOCATED_FRACTION if colocated else 1.0
+    options: dict[str, Any] = {**slot.options(fraction), "max_restarts": 0, "max_concurrency": 4}
+    if device == "cuda":
+        # Like slime: a share of the bundle's GPU tells us its index; SGLang must see every GPU of
+        # the node to place a multi-GPU engine from base_gpu_id on.
+        options["num_gpus"] = COLOCATED_FRACTION
+        options["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+    return options
+
+
+def _http_status(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (OSError, ValueError):
+        return -1
+
+
+def _kill_held(holder: list[subprocess.Popen[bytes] | None]) -> None:
+    procs.kill_group(holder[0])
+
+
+class EngineProcess:
+    """Launches, watches and kills one engine server (usable without Ray; ``EngineActor`` wraps it)."""
+
+    def __init__(
+        self,
+        *,
+        kind: EngineKind,
+        model_path: str,
+        index: int = 0,
+        dtype: str = "float32",
+        device: str = "cpu",
+        seed: int = 0,
+        threads: int | None = None,
+        tp_size: int = 1,
+        enable_memory_saver: bool = False,
+        sglang_args: Mapping[str, str] | None = None,
+        host: str | None = None,
+        log_dir: str | None = None,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
+        self.kind: EngineKind = kind
+        self.model_path = model_path
+        self.index = index
+        self.dtype = dtype
+        self.device = device
+        self.seed = seed
+        self.threads = threads if threads is not None else (1 if device == "cpu" else None)
+        self.tp_size = tp_size
+        self.enable_memory_saver = enable_memory_saver
+        self.sglang_args = dict(sglang_args or {})
+        self.host = host or self._node_ip()
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="rljob-engines-"))
+        self.startup_timeout_s = startup_timeout_s
+        self.launches = 0
+        # one-element holder, so the finalizer (GC and interpreter exit) sees the current process
+        self._procs: list[subprocess.Popen[bytes] | None] = [None]
+        self._url: str | None = None
+        self._log: Path | None = None
+        self._lock = threading.Lock()
+        # PDEATHSIG follows the forking thread: fork from one thread that lives as long as we do.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine{index}-spawn")
+        weakref.finalize(self, _kill_held, self._procs)
+
+    @staticmethod
+    def _node_ip() -> str:
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+        return "127.0.0.1"
+
+    def _base_gpu_id(self) -> int:
+        if self.device != "cuda" or not ray.is_initialized():
+            return 0
+        ids = ray.get_gpu_ids()
+        return int(ids[0]) if ids else 0
+
+    def _command(self, model_path: str, port: int) -> list[str]:
+        return engine_command(
+            self.kind,
+            model_path=model_path,
+            host=self.host,
+            port=port,
+            dtype=self.dtype,
+            device=self.device,
+            seed=self.seed + 1000 * self.launches,  # a relaunched engine must not repeat old samples
+            threads=self.threads,
+            tp_size=self.tp_size,
+            base_gpu_id=self._base_gpu_id(),
+            enable_memory_saver=self.enable_memory_saver,
+            sglang_args=self.sglang_args,
+        )
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.device == "cpu":
+            # active OpenMP waiting collapses on shared cores (docs/runtime-env.md); must precede torch
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+            if self.threads:
+                env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def _launch_once(self, model_path: str, port: int) -> None:
+        self.launches += 1
+        self._log = self.log_dir / f"engine{self.index}-{self.launches}.log"
+        cmd = self._command(model_path, port)
+        env = self._env()
+        self._proc = self._spawner.submit(procs.spawn, cmd, log_path=self._log, env=env).result()
+        self._url = f"http://{self.host}:{port}"
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self._proc is not None and self._url is not None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EngineStartError(
+                    f"engine {self.index} ({self.kind}) exited with {self._proc.returncode} while starting; "
+                    f"log {self._log}:\n{procs.log_tail(self._log)}"
+                )
+            if _http_status(f"{self._url}/health_generate", timeout=30) == 200:
+                return
+            time.sleep(0.5)
+        raise EngineStartError(
+            f"engine {self.index} ({self.kind}) not healthy after {self.startup_timeout_s:.0f} s; "
+            f"log {self._log}:\n{procs.log_tail(self._log)}"
+        )
+
+    def start(self, model_path: str | None = None) -> str:
+        """Launch the server (if not running) and wait until /health_generate answers 200; its URL."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None and self._url is not None:
+                return self._url
+            path = model_path or self.model_path
+            deadline = time.monotonic() + self.startup_timeout_s
+            for attempt in range(3):
+                self._launch_once(path, procs.free_port(self.host))
+                try:
+                    self._wait_healthy(deadline)
+                    return self._url  # type: ignore[return-value]
+                except EngineStartError as err:
+                    procs.kill_group(self._proc)
+                    # another process took the port between free_port() and bind: try another one
+                    if "address already in use" not in str(err).lower() or attempt == 2:
+                        self._url = None
+                        raise
+            raise AssertionError("unreachable")
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes] | None:
+        return self._procs[0]
+
+    @_proc.setter
+    def _proc(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self._procs[0] = proc
+
+    def url(self) -> str | None:
+        return self._url
+
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        """The server process is running (not: healthy; the manager's health check says that)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def kill(self) -> None:
+        """Hard kill of the server and its process group (SIGKILL, no grace): a dead engine's fate."""
+        procs.kill_group(self._proc)
+
+    def restart(self, model_path: str | None = None) -> str:
+        """Kill the server and start a new one (new port); the new URL once healthy."""
+        with self._lock:
+            procs.kill_group(self._proc)
+            self._proc = None
+            self._url = None
+        return self.start(model_path)
+
+    def shutdown(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s); idempotent."""
+        procs.kill_group(self._proc, grace_s=5.0)
+        self._spawner.shutdown(wait=False)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "url": self._url,
+            "pid": self.pid(),
+            "alive": self.alive(),
+            "launches": self.launches,
+            "log": str(self._log) if self._log else None,
+        }
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return procs.log_tail(self._log, chars)
+
+    def __repr__(self) -> str:
+        return f"EngineProcess({json.dumps(self.info())})"
+
+
+# The Ray actor: threaded so alive()/kill() answer while start() waits for a slow engine.
+EngineActor = ray.remote(EngineProcess)

@@ -1,0 +1,211 @@
+"""Generate responses for a batch of Samples through the router, losing none of them.
+
+Each sample becomes one ``/generate`` request (token ids in, logprobs out). What is retried:
+
+- errors: a connection error, a timeout, HTTP 5xx / 408 / 429 (an engine died mid-request, the
+  router had no live worker for a moment): up to ``RetryPolicy.max_attempts`` tries in all, waiting
+  ``RetryPolicy.delay(n)`` between them; then ``GenerationError``.
+- aborts: a response with ``finish_reason.type == "abort"`` while the caller is not cancelling (a
+  weight update paused the engines with mode ``abort``): resent from scratch (its partial output is
+  dropped, so every token of a sample comes from one weight version) up to
+  ``RetryPolicy.max_abort_retries`` times, without waiting (a paused engine holds the new request
+  until it continues). When the caller cancels (``cancel`` set), an abort is final: status aborted.
+
+Other HTTP 4xx answers are bugs in the request and fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..data.sample import Sample, Status
+from . import protocol
+
+log = logging.getLogger("rljob.rollout.generate")
+
+RETRYABLE_STATUS = frozenset({408, 429})
+
+
+class GenerationError(RuntimeError):
+    """A sample could not be generated within the retry policy."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries of one request; the default is slime's 60 tries 1 s apart."""
+
+    max_attempts: int = 60
+    backoff_s: float = 1.0
+    backoff_multiplier: float = 1.0
+    max_backoff_s: float = 30.0
+    max_abort_retries: int = 100
+    request_timeout_s: float | None = None  # None: no client timeout (health checks catch hung engines)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.backoff_s < 0 or self.backoff_multiplier < 1 or self.max_abort_retries < 0:
+            raise ValueError("backoff_s >= 0, backoff_multiplier >= 1, max_abort_retries >= 0")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failed try (1-based)."""
+        return min(self.max_backoff_s, self.backoff_s * self.backoff_multiplier ** (failures - 1))
+
+
+def sampling_params_from_spec(rollout: Any, **overrides: Any) -> dict[str, Any]:
+    """``sampling_params`` for a ``RolloutSpec`` (max_new_tokens = maxResponseLen); overrides win."""
+    params: dict[str, Any] = dict(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_response_len,
+        stop=list(rollout.stop) or None,
+        stop_token_ids=list(rollout.stop_token_ids) or None,
+    )
+    params.update(overrides)
+    return protocol.sampling_params(**params)
+
+
+def request_body(sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
+    """The ``/generate`` body for one sample: its prompt token ids, logprobs requested."""
+    if not sample.prompt_ids:
+        raise ValueError(f"sample {sample.index}: prompt_ids is empty (tokenize prompts before rollout)")
+    return protocol.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
+
+
+def finish_type(response: dict[str, Any]) -> str | None:
+    reason = (response.get("meta_info") or {}).get("finish_reason")
+    if isinstance(reason, dict):
+        return reason.get("type")
+    return reason  # older SGLang answers a bare string
+
+
+def status_from_finish_reason(kind: str | None) -> Status:
+    """stop -> completed, length -> truncated, abort -> aborted; anything else is a failure."""
+    return {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}.get(
+        kind or "", Status.FAILED
+    )
+
+
+def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
+    """Fill ``sample``'s response fields from a ``/generate`` answer (in place; returns it).
+
+    Token ids come from ``output_token_logprobs`` (``[logprob, token_id, text]`` per token), so ids
+    and logprobs are aligned by construction; ``output_ids`` is the fallback without logprobs.
+    """
+    meta = response.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is not None:
+        sample.response_ids = [int(entry[1]) for entry in entries]
+        sample.rollout_logprobs = [float(entry[0]) for entry in entries]
+    else:
+        sample.response_ids = [int(t) for t in response.get("output_ids") or []]
+        sample.rollout_logprobs = None
+    sample.response = str(response.get("text") or "")
+    sample.response_length = len(sample.response_ids)
+    kind = finish_type(response)
+    sample.status = status_from_finish_reason(kind)
+    version = meta.get("weight_version")
+    sample.weight_versions = [str(version)] if version is not None else []
+    sample.metadata["finish_reason"] = kind
+    return sample
+
+
+class _Retryable(Exception):
+    pass
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout: float | None) -> Any:
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            text = await resp.text()
+            if resp.status >= 500 or resp.status in RETRYABLE_STATUS:
+                raise _Retryable(f"HTTP {resp.status}: {text[:300]}")
+            if resp.status != 200:
+                raise GenerationError(f"POST {url}: HTTP {resp.status}: {text[:500]}")
+            try:
+                return await resp.json(content_type=None)
+            except ValueError as exc:
+                raise _Retryable(f"answer is not JSON: {text[:300]}") from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def generate_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    sample: Sample,
+    params: dict[str, Any],
+    *,
+    retry: RetryPolicy = RetryPolicy(),
+    cancelled: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> Sample:
+    """One sample through ``url``/generate with the retry policy of the module docstring."""
+    body = request_body(sample, params)
+    failures = aborts = 0
+    while True:
+        try:
+            response = await _post(session, f"{url}/generate", body, retry.request_timeout_s)
+        except _Retryable as exc:
+            failures += 1
+            if failures >= retry.max_attempts:
+                raise GenerationError(
+                    f"sample {sample.index}: {failures} tries failed, the last with {exc}"
+                ) from None
+            delay = retry.delay(failures)
+            log.info("sample %s: try %d failed (%s); retrying in %.1f s", sample.index, failures, exc, delay)
+            await sleep(delay)
+            continue
+        if finish_type(response) == "abort" and not cancelled():
+            aborts += 1
+            if aborts > retry.max_abort_retries:
+                raise GenerationError(f"sample {sample.index}: aborted {aborts} times (weight updates?)")
+            continue
+        apply_response(sample, response)
+        sample.metadata["rollout_tries"] = failures + aborts + 1
+        return sample
+
+
+async def generate_samples(
+    url: str,
+    samples: Sequence[Sample],
+    params: dict[str, Any],
+    *,
+    concurrency: int = 64,
+    retry: RetryPolicy = RetryPolicy(),
+    cancelled: Callable[[], bool] = lambda: False,
+    session: aiohttp.ClientSession | None = None,
+) -> list[Sample]:
+    """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once.
+
+    Raises ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
+    """
+    for sample in samples:
+        request_body(sample, params)  # a bad sample fails before any request is sent
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(sample: Sample, http: aiohttp.ClientSession) -> Sample:
+        async with semaphore:
+            return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled)
+
+    async def run(http: aiohttp.ClientSession) -> list[Sample]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(sample, http)) for sample in samples]
+        return [task.result() for task in tasks]
+
+    try:
+        if session is not None:
+            return await run(session)
+        # the router multiplexes; keep our connections bounded by the same limit
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            return await run(http)
+    except BaseExceptionGroup as group:  # TaskGroup wraps; callers want the first failure itself
+        raise group.exceptions[0] from None

@@ -1,0 +1,625 @@
+"""The rollout side of a job: engines on their placement bundles, the router, health checks, weights.
+
+``RolloutManager`` is used from the plain (synchronous) driver loop; inside, it runs an asyncio loop
+on a thread of its own, for generation and for one health-check task per engine.
+
+Fault tolerance (beyond slime, which re-creates dead engines only at the next weight update): a
+failed health check replaces the engine at once: deregister it from the router, kill its server,
+relaunch it on the same bundle, wait until healthy, push the current weights, register it again.
+Requests that were on the dead engine fail and are retried through the router on live engines
+(``generate.RetryPolicy``), so no sample is lost. Every replacement (and every failed relaunch)
+counts against ``faultTolerance.maxEngineRestarts``; one more failure than that fails the run with
+``EngineRestartsExhausted``, raised by the next (or the current) manager call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+import ray
+
+from ..data.sample import Sample
+from . import protocol
+from .engine_actor import EngineActor, EngineStartError, actor_options
+from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
+from .router import Router
+
+log = logging.getLogger("rljob.rollout.manager")
+
+T = TypeVar("T")
+NamedTensors = Iterable[tuple[str, Any]]  # (HF name, torch.Tensor)
+EngineState = Literal["serving", "updating", "replacing", "failed"]
+
+
+class RolloutError(RuntimeError):
+    """The rollout side cannot go on."""
+
+
+class EngineRestartsExhausted(RolloutError):
+    """More engines died than faultTolerance.maxEngineRestarts allows."""
+
+
+class WeightUpdateError(RolloutError):
+    """An engine refused a weight update (not a dead engine: that one is replaced)."""
+
+
+class _EngineGone(Exception):
+    """An engine did not answer (connection refused, timeout, 5xx): treat it as dead."""
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    enabled: bool = True
+    first_wait_s: float = 300.0
+    interval_s: float = 30.0
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> HealthCheck:
+        hc = spec.fault_tolerance.engine_health_check
+        return cls(hc.enabled, hc.first_wait_seconds, hc.interval_seconds, hc.timeout_seconds)
+
+
+@dataclass
+class Engine:
+    index: int
+    slot: Any  # placement.Slot: the engine's first bundle
+    actor: Any
+    url: str
+    state: EngineState = "serving"
+    restarts: int = 0
+    last_replacement_s: float | None = None  # failed check -> registered again
+    health_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class _WeightUpdate:
+    """The latest update, replayed onto a relaunched engine."""
+
+    kind: Literal["disk", "tensors"]
+    version: str
+    model_path: str | None = None
+    serialized: tuple[str, ...] = ()
+    load_format: str | None = None
+
+
+class RolloutManager:
+    """Engines + router + health checks; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        spec: Any,
+        router: Router,
+        engines: list[Engine],
+        actor_kwargs: Callable[[int], dict[str, Any]],
+        weights_provider: Callable[[], NamedTensors] | None = None,
+        health: HealthCheck | None = None,
+        retry: RetryPolicy | None = None,
+        concurrency: int = 64,
+    ) -> None:
+        self.spec = spec
+        self.router = router
+        self.engines = engines
+        self._actor_kwargs = actor_kwargs
+        self.weights_provider = weights_provider
+        self.health = health or HealthCheck.from_spec(spec)
+        self.retry = retry or RetryPolicy()
+        self.concurrency = concurrency
+        self.max_restarts = int(spec.fault_tolerance.max_engine_restarts)
+        self.restarts = 0
+        self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
+        self._last_update: _WeightUpdate | None = None
+        self._fatal: BaseException | None = None
+        self._closed = False
+        self._health_paused = False
+        self._cancelling = False
+        self._generations: set[asyncio.Task[Any]] = set()
+        self._replacements: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-manager", daemon=True)
+        self._thread.start()
+        self._weights_lock: asyncio.Lock = self._call(self._make_lock())
+        self._session: aiohttp.ClientSession | None = None
+        atexit.register(self.shutdown)
+        if self.health.enabled:
+            for engine in engines:
+                self._call(self._start_health(engine))
+
+    # ---- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        spec: Any,
+        model_path: str | Path,
+        placement: Any,
+        *,
+        weights_provider: Callable[[], NamedTensors] | None = None,
+        health: HealthCheck | None = None,
+        retry: RetryPolicy | None = None,
+        concurrency: int = 64,
+        log_dir: str | Path | None = None,
+        startup_timeout_s: float = 600.0,
+    ) -> RolloutManager:
+        """Start the router and one ``EngineActor`` per engine (``placement.engine_slots()``), registered.
+
+        ``weights_provider`` (optional) returns the current named tensors; it is called when a dead
+        engine is relaunched after an update from tensors (else the manager replays the last update).
+        """
+        rollout, resources = spec.rollout, spec.resources
+        device = resources.device
+        first_slots = [slots[0] for slots in placement.engine_slots()]
+        if not first_slots:
+            raise RolloutError("the placement has no rollout slots")
+
+        def actor_kwargs(index: int) -> dict[str, Any]:
+            return dict(
+                kind=rollout.engine,
+                model_path=str(model_path),
+                index=index,
+                dtype=spec.model.dtype,
+                device=device,
+                seed=index,
+                tp_size=placement.gpus_per_engine,
+                enable_memory_saver=placement.colocated and rollout.engine == "sglang",
+                sglang_args=dict(rollout.sglang_args),
+                log_dir=str(Path(log_dir) / f"engine{index}") if log_dir else None,
+                startup_timeout_s=startup_timeout_s,
+            )
+
+        actors = [
+            EngineActor.options(**actor_options(slot, colocated=placement.colocated, device=device)).remote(
+                **actor_kwargs(index)
+            )
+            for index, slot in enumerate(first_slots)
+        ]
+        router: Router | None = None
+        try:
+            urls = ray.get([actor.start.remote() for actor in actors])
+            router = Router.start(
+                policy=rollout.router.policy, log_dir=Path(log_dir) / "router" if log_dir else None
+            )
+            for url in urls:
+                router.add_worker(url)
+        except BaseException:
+            if router is not None:
+                router.stop()
+            for actor in actors:
+                _kill_actor(actor)
+            raise
+        engines = [
+            Engine(index, slot, actor, url)
+            for index, (slot, actor, url) in enumerate(zip(first_slots, actors, urls, strict=True))
+        ]
+        return cls(
+            spec=spec,
+            router=router,
+            engines=engines,
+            actor_kwargs=actor_kwargs,
+            weights_provider=weights_provider,
+            health=health,
+            retry=retry,
+            concurrency=concurrency,
+        )
+
+    def _new_actor(self, engine: Engine) -> Any:
+        res = self.spec.resources
+        options = actor_options(engine.slot, colocated=res.colocate, device=res.device)
+        return EngineActor.options(**options).remote(**self._actor_kwargs(engine.index))
+
+    # ---- the loop thread ------------------------------------------------------------------------
+
+    @staticmethod
+    async def _make_lock() -> asyncio.Lock:
+        return asyncio.Lock()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the manager's loop and wait."""
+        return self._wait(self._submit(coro))
+
+    def _wait(self, future: concurrent.futures.Future[T]) -> T:
+        """Wait for a loop future; Ctrl-C shuts everything down, a fatal error is raised as itself."""
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            self.shutdown()
+            raise
+        except concurrent.futures.CancelledError:
+            self._raise_if_failed()
+            raise
+
+    def _raise_if_failed(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise RolloutError("the rollout manager is shut down")
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _engine_request(
+        self, url: str, method: str, path: str, body: Any = None, timeout: float = 600.0
+    ) -> tuple[int, Any]:
+        session = await self._http()
+        try:
+            async with session.request(
+                method, f"{url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                text = await resp.text()
+                try:
+                    payload: Any = await resp.json(content_type=None) if text else None
+                except ValueError:
+                    payload = text
+                if resp.status >= 500:
+                    raise _EngineGone(f"{method} {url}{path}: HTTP {resp.status} {text[:300]}")
+                return resp.status, payload
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _EngineGone(f"{method} {url}{path}: {type(exc).__name__}: {exc}") from exc
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def generate(self, samples: Sequence[Sample], **sampling_overrides: Any) -> list[Sample]:
+        """Fill every sample's response (in place) through the router; returns them in order.
+
+        ``sampling_overrides`` change ``rollout``'s sampling params (e.g. ``temperature=0`` for eval).
+        """
+        return self._wait(self.generate_async(samples, **sampling_overrides))
+
+    def generate_async(
+        self, samples: Sequence[Sample], **sampling_overrides: Any
+    ) -> concurrent.futures.Future[list[Sample]]:
+        """Like ``generate`` but returns at once (async training overlaps the next rollout)."""
+        self._raise_if_failed()
+        params = sampling_params_from_spec(self.spec.rollout, **sampling_overrides)
+        return self._submit(self._generate(list(samples), params))
+
+    async def _generate(self, samples: list[Sample], params: dict[str, Any]) -> list[Sample]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._generations.add(task)
+        self._cancelling = False
+        try:
+            return await generate_samples(
+                self.router.url,
+                samples,
+                params,
+                concurrency=self.concurrency,
+                retry=self.retry,
+                cancelled=lambda: self._cancelling,
+                session=await self._http(),
+            )
+        except asyncio.CancelledError:
+            if self._fatal is not None:
+                raise self._fatal from None
+            raise
+        finally:
+            self._generations.discard(task)
+
+    def abort(self) -> None:
+        """Abort every request in flight: those samples come back with status aborted (not retried)."""
+        self._cancelling = True
+
+        async def run() -> None:
+            await asyncio.gather(
+                *(
+                    self._engine_request(e.url, "POST", "/abort_request", protocol.abort_body())
+                    for e in self._live()
+                ),
+                return_exceptions=True,
+            )
+
+        self._call(run())
+
+    # ---- health checks and replacement ----------------------------------------------------------
+
+    async def _start_health(self, engine: Engine) -> None:
+        engine.health_task = asyncio.create_task(
+            self._health_loop(engine), name=f"health-engine{engine.index}"
+        )
+
+    async def _health_loop(self, engine: Engine) -> None:
+        await asyncio.sleep(self.health.first_wait_s)
+        while not self._closed and self._fatal is None:
+            await asyncio.sleep(self.health.interval_s)
+            if engine.state != "serving" or self._health_paused:
+                continue
+            problem = await self._check(engine)
+            # an update or a memory release may have begun while we waited: not a death
+            if problem is None or engine.state != "serving" or self._health_paused:
+                continue
+            await self._replace(engine, problem)
+
+    async def _check(self, engine: Engine) -> str | None:
+        try:
+            status, answer = await self._engine_request(
+                engine.url, "GET", "/health_generate", timeout=self.health.timeout_s
+            )
+        except _EngineGone as exc:
+            return str(exc)
+        return None if status == 200 else f"/health_generate answered {status}: {answer}"
+
+    def _start_replacement(self, engine: Engine, reason: str) -> None:
+        engine.state = "replacing"
+        task = asyncio.create_task(self._replace(engine, reason, claimed=True))
+        self._replacements.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._replacements.discard)
+
+    async def _replace(self, engine: Engine, reason: str, *, claimed: bool = False) -> None:
+        """Deregister, kill, relaunch on the same bundle, push current weights, register."""
+        if engine.state == "replacing" and not claimed:
+            return
+        engine.state = "replacing"
+        old_url = engine.url
+        began = time.monotonic()
+        log.warning("engine %d (%s) failed its health check: %s; replacing it", engine.index, old_url, reason)
+        try:
+            await asyncio.to_thread(self.router.remove_worker, old_url)
+            while True:
+                self.restarts += 1
+                engine.restarts += 1
+                if self.restarts > self.max_restarts:
+                    await self._kill_engine(engine)
+                    raise EngineRestartsExhausted(
+                        f"engine {engine.index} ({old_url}) failed ({reason}) and faultTolerance."
+                        f"maxEngineRestarts={self.max_restarts} replacements are used up"
+                    )
+                try:
+                    url = await self._relaunch(engine)
+                    async with self._weights_lock:  # an update in progress finishes first; we push the newest
+                        await self._push_current_weights(url)
+                        await asyncio.to_thread(self.router.add_worker, url)
+                        engine.url = url
+                        engine.state = "serving"
+                        engine.last_replacement_s = time.monotonic() - began
+                    break
+                except (EngineStartError, _EngineGone, WeightUpdateError) as exc:
+                    reason = f"relaunch failed: {str(exc)[-2000:]}"
+                    log.error("engine %d: %s", engine.index, reason)
+            log.warning(
+                "engine %d replaced in %.1f s: %s -> %s (restart %d of %d allowed), weight version %s",
+                engine.index,
+                engine.last_replacement_s,
+                old_url,
+                url,
+                self.restarts,
+                self.max_restarts,
+                self.weight_version,
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            engine.state = "failed"
+            self._fail(exc)
+
+    async def _kill_engine(self, engine: Engine) -> None:
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            await engine.actor.kill.remote()
+
+    async def _relaunch(self, engine: Engine) -> str:
+        try:
+            return str(await engine.actor.restart.remote())
+        except ray.exceptions.RayActorError:
+            # the actor itself is gone (its process or node died): a new one on the same bundle
+            _kill_actor(engine.actor)
+            engine.actor = self._new_actor(engine)
+            return str(await engine.actor.start.remote())
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("rollout failed: %s", exc)
+        for task in list(self._generations):
+            task.cancel()
+
+    def _live(self) -> list[Engine]:
+        return [e for e in self.engines if e.state in ("serving", "updating")]
+
+    # ---- weights ----------------------------------------------------------------------------------
+
+    def _next_version(self, version: int | str | None) -> str:
+        if version is not None:
+            return str(version)
+        current = self.weight_version
+        return str(int(current) + 1) if current.isdigit() else "1"
+
+    def update_weights_from_disk(self, model_path: str | Path, version: int | str | None = None) -> str:
+        """Load an HF directory into every engine; returns the new weight version."""
+        self._raise_if_failed()
+        update = _WeightUpdate("disk", self._next_version(version), model_path=str(model_path))
+        return self._call(self._update_all(update))
+
+    def update_weights_from_tensors(
+        self, named_tensors: NamedTensors, version: int | str | None = None, *, flattened_bucket: bool = False
+    ) -> str:
+        """Push named tensors (HF names) to every engine in our CPU wire format; the new version.
+
+        The serialized payload is remembered for relaunched engines unless a ``weights_provider``
+        was given (then it is asked again, so no copy of the weights is kept here).
+        """
+        self._raise_if_failed()
+        data = protocol.serialize_named_tensors(named_tensors, flattened_bucket=flattened_bucket)
+        update = _WeightUpdate(
+            "tensors",
+            self._next_version(version),
+            serialized=(data,),
+            load_format="flattened_bucket" if flattened_bucket else None,
+        )
+        return self._call(self._update_all(update))
+
+    async def _update_all(self, update: _WeightUpdate) -> str:
+        async with self._weights_lock:
+            self.weight_version = update.version
+            keep = update if update.kind == "disk" or self.weights_provider is None else None
+            self._last_update = keep or _WeightUpdate("tensors", update.version)
+            engines = [e for e in self.engines if e.state == "serving"]
+            for engine in engines:
+                engine.state = "updating"
+            results = await asyncio.gather(
+                *(self._update_engine(e.url, update) for e in engines), return_exceptions=True
+            )
+            errors = []
+            for engine, result in zip(engines, results, strict=True):
+                if isinstance(result, _EngineGone):
+                    # dead mid-update: its replacement (after we release the lock) gets this version
+                    self._start_replacement(engine, f"weight update failed: {result}")
+                elif isinstance(result, BaseException):
+                    engine.state = "serving"
+                    errors.append(f"engine {engine.index}: {result}")
+                else:
+                    engine.state = "serving"
+            if errors:
+                raise WeightUpdateError(
+                    f"weight update to version {update.version} failed: {'; '.join(errors)}"
+                )
+        self._raise_if_failed()
+        return update.version
+
+    async def _update_engine(self, url: str, update: _WeightUpdate) -> None:
+        """pause_generation, flush_cache (until 200), transfer, continue_generation."""
+        await self._expect(url, "POST", "/pause_generation", protocol.pause_body())
+        try:
+            for _ in range(120):
+                status, _answer = await self._engine_request(url, "GET", "/flush_cache", timeout=30)
+                if status == 200:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise WeightUpdateError(f"{url}/flush_cache still refused after 60 s")
+            if update.kind == "disk":
+                assert update.model_path is not None
+                body = protocol.update_weights_from_disk_body(
+                    update.model_path, weight_version=update.version
+                )
+                await self._expect(url, "POST", "/update_weights_from_disk", body)
+            else:
+                body = protocol.update_weights_from_tensor_body(
+                    list(update.serialized), load_format=update.load_format, weight_version=update.version
+                )
+                await self._expect(url, "POST", "/update_weights_from_tensor", body)
+        finally:
+            await self._expect(url, "POST", "/continue_generation", {})
+
+    async def _expect(self, url: str, method: str, path: str, body: Any) -> Any:
+        status, answer = await self._engine_request(url, method, path, body)
+        if status != 200 or (isinstance(answer, dict) and answer.get("success") is False):
+            raise WeightUpdateError(f"{method} {url}{path}: HTTP {status} {answer}")
+        return answer
+
+    async def _push_current_weights(self, url: str) -> None:
+        """Bring a relaunched engine (not yet registered) to the current weight version."""
+        update = self._last_update
+        if update is None:
+            return  # never updated: the relaunched engine loaded the initial weights
+        if update.kind == "tensors" and not update.serialized:
+            assert self.weights_provider is not None
+            named = await asyncio.to_thread(lambda: list(self.weights_provider()))  # type: ignore[misc]
+            data = await asyncio.to_thread(protocol.serialize_named_tensors, named)
+            update = _WeightUpdate("tensors", update.version, serialized=(data,))
+        await self._update_engine(url, update)
+
+    # ---- colocated memory ------------------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Colocated engines free their GPU memory for the trainer; health checks pause meanwhile."""
+        self._raise_if_failed()
+        self._health_paused = True
+        self._call(self._all_engines("/release_memory_occupation", [None]))
+
+    def resume_memory(self) -> None:
+        """Weights first, then KV cache and CUDA graphs (SGLang's order); health checks resume."""
+        self._raise_if_failed()
+        self._call(self._all_engines("/resume_memory_occupation", [["weights"], ["kv_cache", "cuda_graph"]]))
+        self._health_paused = False
+
+    async def _all_engines(self, path: str, tag_sets: Sequence[Sequence[str] | None]) -> None:
+        async def one(engine: Engine) -> None:
+            for tags in tag_sets:
+                await self._expect(engine.url, "POST", path, protocol.memory_occupation_body(tags))
+
+        await asyncio.gather(*(one(e) for e in self._live()))
+
+    # ---- introspection and shutdown ------------------------------------------------------------
+
+    @property
+    def router_url(self) -> str:
+        return self.router.url
+
+    def engine_urls(self) -> list[str]:
+        return [e.url for e in self.engines]
+
+    def engine_info(self) -> list[dict[str, Any]]:
+        infos = ray.get([e.actor.info.remote() for e in self.engines])
+        return [
+            {**info, "state": e.state, "restarts": e.restarts}
+            for e, info in zip(self.engines, infos, strict=True)
+        ]
+
+    def kill_engine_process(self, index: int) -> None:
+        """Hard-kill engine ``index``'s server (fault injection for tests and drills)."""
+        ray.get(self.engines[index].actor.kill.remote())
+
+    def check_failed(self) -> None:
+        """Raise the error that failed the rollout side, if any (the driver may poll this)."""
+        if self._fatal is not None:
+            raise self._fatal
+
+    def shutdown(self) -> None:
+        """Stop health checks, the router and every engine (server and actor); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+
+        async def stop_tasks() -> None:
+            tasks = [e.health_task for e in self.engines if e.health_task]
+            for task in [*tasks, *self._generations, *self._replacements]:
+                task.cancel()
+            if self._session is not None:
+                await self._session.close()
+
+        if self._thread.is_alive():
+            try:
+                self._submit(stop_tasks()).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+                log.warning("rollout manager: stopping tasks: %s", exc)
+        self.router.stop()
+        refs = [e.actor.shutdown.remote() for e in self.engines]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=15)
+        except Exception as exc:  # a dead actor: its server died with it (PDEATHSIG)
+            log.warning("rollout manager: engine shutdown: %s", exc)
+        for engine in self.engines:
+            _kill_actor(engine.actor)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> RolloutManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _kill_actor(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as exc:  # already dead, or Ray is shutting down
+        log.debug("ray.kill: %s", exc)

@@ -1,0 +1,341 @@
+"""What every trainer backend (torch, megatron) offers the driver, and the padded batch it trains on.
+
+Layout of a batch (``TrainBatch``), built from Samples:
+
+- ``input_ids`` [B, L]: prompt + response token ids of each sample, right-padded; ``attention_mask``
+  marks the real tokens. Right padding keeps every real token at its natural position 0..n-1.
+- per-token tensors (``response_ids``, ``loss_mask``, ``rollout_logp``, and everything a backend
+  returns or takes per token: log-probs, entropy, advantages) are [B, T] over response tokens only:
+  column j is response token j of the sample, padded on the right; T = the longest response.
+- alignment: response token j of sample i sits at ``input_ids[i, P_i + j]`` (P_i = prompt length)
+  and its log-prob comes from the logits at position ``P_i + j - 1`` (the position that predicts
+  it); ``logit_positions()`` gives those positions.
+
+Sign conventions follow ``rljob_runtime.algo.losses``: losses are minimised; a positive advantage
+raises the log-prob of its tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+from rljob_api.spec_training import OptimizerSpec
+
+from ..algo.masked import Reduction
+
+if TYPE_CHECKING:
+    from ..data.sample import Sample
+
+Metrics = dict[str, float]
+
+
+# ----------------------------------------------------------------------------------------- batches
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors of a list of samples (see the module docstring for the layout)."""
+
+    input_ids: torch.Tensor  # [B, L] long
+    attention_mask: torch.Tensor  # [B, L] long
+    prompt_lengths: torch.Tensor  # [B] long
+    response_lengths: torch.Tensor  # [B] long
+    response_ids: torch.Tensor  # [B, T] long, 0 past each response
+    loss_mask: torch.Tensor  # [B, T] float32, 0 past each response
+    rollout_logp: torch.Tensor | None = None  # [B, T] float32, when every sample carries them
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def width(self) -> int:
+        """T, the per-token tensors' width."""
+        return int(self.response_ids.shape[1])
+
+    def logit_positions(self) -> torch.Tensor:
+        """[B, T] long: the position whose logits predict response token j (P_i + j - 1); padding
+        columns repeat the sample's last valid position so gathers stay in range."""
+        cols = torch.arange(self.width, dtype=torch.long)[None, :]
+        last = (self.response_lengths - 1).clamp(min=0)[:, None]
+        return self.prompt_lengths[:, None] - 1 + torch.minimum(cols, last)
+
+    def response_mask(self) -> torch.Tensor:
+        """[B, T] float32: 1 on every response token (trained or not), 0 on padding."""
+        cols = torch.arange(self.width, dtype=torch.long)[None, :]
+        return (cols < self.response_lengths[:, None]).float()
+
+    def select(self, rows: slice | Sequence[int]) -> TrainBatch:
+        """The rows ``rows`` as a batch of their own, trimmed to their longest sequence and response."""
+        index = _row_index(rows, self.size)
+        if not index:
+            raise ValueError("TrainBatch.select: no rows")
+        idx = torch.tensor(index, dtype=torch.long)
+        resp = self.response_lengths[idx]
+        seq = self.prompt_lengths[idx] + resp
+        length, width = int(seq.max()), max(int(resp.max()), 1)
+        return TrainBatch(
+            input_ids=self.input_ids[idx, :length],
+            attention_mask=self.attention_mask[idx, :length],
+            prompt_lengths=self.prompt_lengths[idx],
+            response_lengths=resp,
+            response_ids=self.response_ids[idx, :width],
+            loss_mask=self.loss_mask[idx, :width],
+            rollout_logp=None if self.rollout_logp is None else self.rollout_logp[idx, :width],
+        )
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        moved = {
+            name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+            for name, value in self.__dict__.items()
+        }
+        return replace(self, **moved)
+
+
+def _row_index(rows: slice | Sequence[int], size: int) -> list[int]:
+    if isinstance(rows, slice):
+        return list(range(size))[rows]
+    return [int(r) for r in rows]
+
+
+def pad_per_token(
+    values: Sequence[Sequence[float]], width: int | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Ragged per-token lists -> [B, width] right-padded with 0 (width defaults to the longest, >= 1)."""
+    longest = max((len(v) for v in values), default=0)
+    width = max(longest, 1) if width is None else width
+    if width < longest:
+        raise ValueError(f"pad_per_token: width {width} is shorter than the longest row ({longest})")
+    out = torch.zeros((len(values), width), dtype=dtype)
+    for row, value in enumerate(values):
+        if len(value):
+            out[row, : len(value)] = torch.as_tensor(value, dtype=dtype)
+    return out
+
+
+def unpad_per_token(tensor: torch.Tensor, lengths: Sequence[int]) -> list[list[float]]:
+    """[B, T] -> ragged Python lists, row i cut to lengths[i]."""
+    return [tensor[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+
+def pad_columns(tensor: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
+    """[B, T] -> [B, width]: trim or right-pad the columns."""
+    if tensor.shape[1] >= width:
+        return tensor[:, :width]
+    pad = tensor.new_full((tensor.shape[0], width - tensor.shape[1]), value)
+    return torch.cat([tensor, pad], dim=1)
+
+
+def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
+    """Pad the samples' prompt+response ids, loss masks (``effective_loss_mask``) and rollout log-probs.
+
+    Every sample needs a non-empty prompt (the first response token is predicted from the last
+    prompt token). ``rollout_logp`` is set only when every sample carries rollout log-probs.
+    """
+    if not samples:
+        raise ValueError("build_batch: no samples")
+    seqs, masks, logps = [], [], []
+    for i, sample in enumerate(samples):
+        if not sample.prompt_ids:
+            raise ValueError(f"build_batch: sample {i} has no prompt tokens")
+        n = len(sample.response_ids)
+        mask = sample.effective_loss_mask()
+        if len(mask) != n:
+            raise ValueError(
+                f"build_batch: sample {i} has {n} response tokens but a loss mask of {len(mask)}"
+            )
+        if sample.rollout_logprobs is not None and len(sample.rollout_logprobs) != n:
+            raise ValueError(
+                f"build_batch: sample {i} has {n} response tokens but {len(sample.rollout_logprobs)} "
+                "rollout log-probs"
+            )
+        seqs.append(sample.tokens)
+        masks.append(mask)
+        logps.append(sample.rollout_logprobs)
+    lengths = [len(s) for s in seqs]
+    input_ids = torch.full((len(seqs), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, seq in enumerate(seqs):
+        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    responses = [s.response_ids for s in samples]
+    width = max(max(len(r) for r in responses), 1)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
+        response_lengths=torch.tensor([len(r) for r in responses], dtype=torch.long),
+        response_ids=pad_per_token(responses, width, dtype=torch.long),
+        loss_mask=pad_per_token(masks, width),
+        rollout_logp=None if any(lp is None for lp in logps) else pad_per_token(logps, width),  # type: ignore[arg-type]
+    )
+
+
+def loss_denominator(loss_mask: torch.Tensor, reduction: Reduction) -> float:
+    """The count ``reduce_loss`` divides by over a whole global batch: trained tokens (token reduction)
+    or samples with at least one trained token (sample reduction); at least 1."""
+    if reduction == "token":
+        count = float(loss_mask.sum())
+    elif reduction == "sample":
+        count = float((loss_mask.sum(-1) > 0).sum())
+    else:
+        raise ValueError(f"unknown loss reduction {reduction!r}")
+    return max(count, 1.0)
+
+
+# ------------------------------------------------------------------------------------------ sharding
+
+
+def rank_rows(num_samples: int, global_batch_size: int, dp_size: int, dp_rank: int) -> list[int]:
+    """Rows of a rollout batch that data-parallel rank ``dp_rank`` trains on: of every global batch
+    (one optimizer step) a contiguous 1/dp_size share, steps in order."""
+    if num_samples % global_batch_size or global_batch_size % dp_size:
+        raise ValueError(
+            f"{num_samples} samples do not split into global batches of {global_batch_size} shared by "
+            f"{dp_size} data-parallel ranks"
+        )
+    per_rank = global_batch_size // dp_size
+    rows: list[int] = []
+    for start in range(0, num_samples, global_batch_size):
+        first = start + dp_rank * per_rank
+        rows.extend(range(first, first + per_rank))
+    return rows
+
+
+def local_plan(num_local: int, per_rank: int, micro_batch_size: int) -> list[list[slice]]:
+    """A rank's own rows (as ``rank_rows`` lists them) split into optimizer steps of ``per_rank`` rows,
+    each into micro-batches of ``micro_batch_size`` rows: slices into the rank's rows."""
+    if num_local % per_rank or per_rank % micro_batch_size:
+        raise ValueError(
+            f"{num_local} rows do not split into steps of {per_rank} and micro-batches of {micro_batch_size}"
+        )
+    return [
+        [slice(i, i + micro_batch_size) for i in range(start, start + per_rank, micro_batch_size)]
+        for start in range(0, num_local, per_rank)
+    ]
+
+
+# ----------------------------------------------------------------------------------- learning rate
+
+
+def lr_at(step: int, opt: OptimizerSpec, total_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based) out of ``total_steps``.
+
+    Warm-up: lr * (step + 1) / lrWarmupSteps for the first lrWarmupSteps steps (never 0). Then
+    constant: lr; linear / cosine: from lr towards minLr over the remaining total_steps - warm-up
+    steps, progress = (step - warm-up) / (remaining), held at minLr past the end.
+    """
+    warmup = opt.lr_warmup_steps
+    if step < warmup:
+        return opt.lr * (step + 1) / warmup
+    if opt.lr_decay_style == "constant":
+        return opt.lr
+    progress = min(max(step - warmup, 0) / max(total_steps - warmup, 1), 1.0)
+    if opt.lr_decay_style == "linear":
+        factor = 1.0 - progress
+    elif opt.lr_decay_style == "cosine":
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown lrDecayStyle {opt.lr_decay_style!r}")
+    return opt.min_lr + (opt.lr - opt.min_lr) * factor
+
+
+# ---------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class LogProbs:
+    """Per-token results of a no-grad forward pass, [B, T] float32 on CPU (T: the longest response)."""
+
+    logp: torch.Tensor  # the policy's log-probs (old_logp for the next train call)
+    ref_logp: torch.Tensor | None  # the frozen reference model's, when it exists (KL loss / klCoef)
+    entropy: torch.Tensor | None  # the policy's entropy per token
+
+
+# ------------------------------------------------------------------------------------ the interfaces
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """What the driver uses: a group of trainer ranks seen as one trainer.
+
+    Per-token tensors are [len(samples), T] over response tokens (T = the longest response), laid out
+    as ``build_batch`` does; everything crossing it is CPU tensors or plain Python values.
+    """
+
+    def logprobs(self, samples: Sequence[Sample]) -> LogProbs:
+        """Log-probs (and reference log-probs, entropy) of the samples' response tokens, no grad."""
+        ...
+
+    def train(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+    ) -> Metrics:
+        """One rollout's optimizer steps; returns metrics averaged over them."""
+        ...
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under Hugging Face names (CPU), for weight sync."""
+        ...
+
+    def save(self, path: str) -> None:
+        """Checkpoint model, optimizer, schedule and RNG state under ``path``."""
+        ...
+
+    def load(self, path: str) -> None:
+        """Restore what ``save`` wrote, so training continues bit-for-bit."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop every rank."""
+        ...
+
+
+@runtime_checkable
+class TrainerRank(Protocol):
+    """One rank of a trainer group (a Ray actor); a backend's group drives its ranks through this."""
+
+    def master_address(self) -> tuple[str, int]:
+        """Address and a free port for the process group's rendezvous (asked of rank 0)."""
+        ...
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None: ...
+
+    def logprobs(self, batch: TrainBatch) -> LogProbs: ...
+
+    def train(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        denominators: Sequence[float] | None = None,
+    ) -> Metrics: ...
+
+    def named_tensors(self) -> dict[str, torch.Tensor]: ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def check_per_token(name: str, tensor: Any, batch: TrainBatch) -> torch.Tensor:
+    """A per-token input must be a [B, >= T] tensor; returns it as float32 [B, T]."""
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or tensor.shape[0] != batch.size:
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"{name}: expected a [{batch.size}, T] tensor, got {shape}")
+    if tensor.shape[1] < int(batch.response_lengths.max()):
+        raise ValueError(
+            f"{name}: {tensor.shape[1]} columns but the longest response has {int(batch.response_lengths.max())}"
+        )
+    return pad_columns(tensor.float(), batch.width)

@@ -1,0 +1,208 @@
+"""TrainerGroup: the torch backend's ranks as Ray actors, one per trainer slot, seen as one trainer.
+
+The driver hands over a whole rollout (plain Samples and CPU tensors); the group shards it, every
+global batch (one optimizer step) split into contiguous shares, one per data-parallel rank
+(``rank_rows``), and reassembles per-token results in the samples' order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rljob_api.spec import RLTrainingJobSpec
+
+from .base import (
+    LogProbs,
+    Metrics,
+    TrainBatch,
+    build_batch,
+    check_per_token,
+    loss_denominator,
+    pad_columns,
+    rank_rows,
+)
+from .torch_backend import TorchTrainerRank, actor_env
+
+if TYPE_CHECKING:
+    from ..data.sample import Sample
+    from ..placement import Slot
+
+
+def _gather(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+    """ray.get of every ref, raising the first failure as soon as it happens (a rank that fails
+    while the others wait in a collective must not leave the caller blocked on them)."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"{len(pending)} trainer rank call(s) did not finish in {timeout_s} s")
+        ray.get(ready)
+    return ray.get(refs)
+
+
+class TrainerGroup:
+    """The ``torch`` trainer backend (implements ``base.TrainerBackend``)."""
+
+    def __init__(self, spec: RLTrainingJobSpec, actors: list[Any]) -> None:
+        self.spec = spec
+        self.actors = actors  # Ray actor handles, rank order
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    @classmethod
+    def create(
+        cls,
+        spec: RLTrainingJobSpec,
+        model_path: str,
+        slots: Sequence[Slot],
+        *,
+        fraction: float | None = None,
+        dist_timeout_s: float = 600.0,
+    ) -> TrainerGroup:
+        """Start one rank per slot (pinned to its bundle) and join them into one process group.
+
+        ``fraction``: the share of each bundle a rank takes (num_cpus, and num_gpus on cuda);
+        defaults to 0.5 when colocated (the engine takes the rest) and 1 otherwise.
+        """
+        import ray
+
+        if not slots:
+            raise ValueError("TrainerGroup.create: no trainer slots")
+        if spec.training.backend != "torch":
+            raise ValueError(f"TrainerGroup is the torch backend; the spec asks for {spec.training.backend}")
+        if fraction is None:
+            fraction = 0.5 if spec.resources.colocate else 1.0
+        remote_cls = ray.remote(TorchTrainerRank)
+        actors = []
+        for rank, slot in enumerate(slots):
+            options = dict(slot.options(fraction))
+            if spec.resources.device == "cuda":
+                options["num_gpus"] = fraction
+            options["runtime_env"] = {"env_vars": actor_env()}
+            actors.append(
+                remote_cls.options(**options).remote(
+                    spec, str(model_path), rank, len(slots), dist_timeout_s=dist_timeout_s
+                )
+            )
+        group = cls(spec, actors)
+        try:
+            addr, port = ray.get(actors[0].master_address.remote())
+            _gather([a.init_process_group.remote(addr, port) for a in actors])
+        except BaseException:
+            group.shutdown()
+            raise
+        return group
+
+    # -------------------------------------------------------------------------------- sharding
+
+    def _check_identity(self, samples: Sequence[Sample]) -> None:
+        rollout = self.spec.rollout
+        expected = rollout.batch_size * rollout.n_samples_per_prompt
+        if len(samples) != expected:
+            raise ValueError(
+                f"got {len(samples)} samples; a rollout is rollout.batchSize * nSamplesPerPrompt = "
+                f"{rollout.batch_size} * {rollout.n_samples_per_prompt} = {expected}"
+            )
+
+    def _shards(self, n: int) -> list[list[int]]:
+        gbs = self.spec.training.global_batch_size
+        return [rank_rows(n, gbs, self.world_size, r) for r in range(self.world_size)]
+
+    def _rank_batches(self, samples: Sequence[Sample]) -> tuple[list[list[int]], list[TrainBatch]]:
+        shards = self._shards(len(samples))
+        return shards, [build_batch([samples[i] for i in rows]) for rows in shards]
+
+    # ------------------------------------------------------------------------------ operations
+
+    def logprobs(self, samples: Sequence[Sample]) -> LogProbs:
+        """[N, T] log-probs (+ reference log-probs, entropy) in the samples' order, T = longest response."""
+        self._check_identity(samples)
+        shards, batches = self._rank_batches(samples)
+        results: list[LogProbs] = _gather(
+            [actor.logprobs.remote(batch) for actor, batch in zip(self.actors, batches, strict=True)]
+        )
+        width = max(max(len(s.response_ids) for s in samples), 1)
+
+        def assemble(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+            if any(p is None for p in parts):
+                return None
+            out = torch.zeros((len(samples), width), dtype=torch.float32)
+            for rows, part in zip(shards, parts, strict=True):
+                out[torch.tensor(rows)] = pad_columns(part, width)  # type: ignore[arg-type]
+            return out
+
+        logp = assemble([r.logp for r in results])
+        assert logp is not None
+        return LogProbs(logp, assemble([r.ref_logp for r in results]), assemble([r.entropy for r in results]))
+
+    def train(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+    ) -> Metrics:
+        """One rollout: steps_per_rollout optimizer steps; metrics averaged over them (all ranks agree)."""
+        self._check_identity(samples)
+        full = build_batch(samples)
+        advantages = check_per_token("advantages", advantages, full)
+        old_logp = check_per_token("old_logp", old_logp, full)
+        if ref_logp is not None:
+            ref_logp = check_per_token("ref_logp", ref_logp, full)
+        gbs = self.spec.training.global_batch_size
+        reduction = self.spec.algorithm.loss_reduction
+        denominators = [
+            loss_denominator(full.loss_mask[start : start + gbs], reduction)
+            for start in range(0, len(samples), gbs)
+        ]
+        shards, batches = self._rank_batches(samples)
+        refs = []
+        for actor, rows, batch in zip(self.actors, shards, batches, strict=True):
+            idx = torch.tensor(rows)
+
+            def part(t: torch.Tensor | None, idx: torch.Tensor = idx, width: int = batch.width) -> Any:
+                return None if t is None else t[idx, :width].contiguous()
+
+            refs.append(
+                actor.train.remote(
+                    batch, part(advantages), part(old_logp), part(ref_logp), denominators=denominators
+                )
+            )
+        per_rank: list[Metrics] = _gather(refs)
+        keys = per_rank[0].keys()
+        return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Rank 0's weights under HF names (state_dict keys, tied aliases included), CPU."""
+        import ray
+
+        return ray.get(self.actors[0].named_tensors.remote())
+
+    def save(self, path: str) -> None:
+        _gather([a.save.remote(str(path)) for a in self.actors])
+
+    def load(self, path: str) -> None:
+        _gather([a.load.remote(str(path)) for a in self.actors])
+
+    def set_seed(self, seed: int) -> None:
+        _gather([a.set_seed.remote(seed) for a in self.actors])
+
+    def shutdown(self) -> None:
+        """Leave the process group and kill every rank (idempotent)."""
+        import ray
+
+        actors, self.actors = self.actors, []
+        if not actors:
+            return
+        try:
+            ray.wait([a.shutdown.remote() for a in actors], num_returns=len(actors), timeout=10)
+        finally:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)

@@ -1,0 +1,488 @@
+"""The ``torch`` backend's rank: a transformers causal LM, AdamW and torch.distributed data parallel.
+
+One ``TorchTrainerRank`` per trainer slot; ``TrainerGroup`` runs each as a Ray actor pinned to its
+bundle (``ray.remote(TorchTrainerRank)``), and tests may use one in-process (world size 1, no
+process group). Gradients are all-reduced by hand (SUM of a flat buffer) after a step's
+micro-batches: every micro-batch loss is divided by the *global* batch's denominator, so the summed
+gradients are exactly the global batch's gradient, whatever the data-parallel size.
+
+On CPU: float32, gloo, one intra-op thread per rank. On CUDA: nccl, float32 master weights and
+optimizer state with the forward under autocast in spec.model.dtype (bfloat16: no loss scaling is
+done, so float16 may underflow; prefer bfloat16); log-probs are always computed in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import random
+import shutil
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rljob_api.spec import RLTrainingJobSpec
+
+from ..algo.batching import steps_per_rollout
+from ..algo.logprobs import entropy_from_logits, token_logprobs
+from ..algo.losses import policy_loss
+from .base import (
+    LogProbs,
+    Metrics,
+    TrainBatch,
+    check_per_token,
+    local_plan,
+    lr_at,
+    pad_columns,
+)
+
+# Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch
+# values add up (over micro-batches and ranks) to the global batch's value. The others are masked
+# means of their micro-batch and are averaged weighted by trained tokens.
+SUMMED_METRICS = frozenset({"loss", "pg_loss", "entropy", "kl_loss"})
+
+MODEL_DIR = "model"
+STATE_FILE = "trainer_rank{rank}.pt"
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def needs_reference(spec: RLTrainingJobSpec) -> bool:
+    """A frozen reference model is loaded for the KL loss or klCoef reward shaping."""
+    return spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0
+
+
+def actor_env() -> dict[str, str]:
+    """Environment of a rank's process, set before torch is imported (Ray runtime_env env_vars):
+    OpenMP threads sleep instead of spinning when idle (cores are shared with engines/other ranks)."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # not under Ray
+        return "127.0.0.1"
+
+
+class TorchTrainerRank:
+    """One data-parallel rank of the torch backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: RLTrainingJobSpec,
+        model_path: str,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        dist_timeout_s: float = 600.0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if spec.training.dynamic_batch.enabled:
+            raise NotImplementedError(
+                "training.dynamicBatch is not implemented by the torch backend; use microBatchSize"
+            )
+        if spec.algorithm.advantage_estimator == "ppo":
+            raise NotImplementedError(
+                "advantageEstimator ppo (a critic) is not implemented by the torch backend"
+            )
+        self.spec = spec
+        self.model_path = str(model_path)
+        self.rank, self.world_size = rank, world_size
+        self.dist_timeout_s = dist_timeout_s
+        # Ray exposes this rank's GPU as the only visible one: cuda:0.
+        self.device = torch.device("cuda:0" if spec.resources.device == "cuda" else "cpu")
+        # Parameters and optimizer state stay float32 (master weights); on CUDA the forward runs under
+        # autocast in spec.model.dtype. On CPU everything is float32.
+        self.compute_dtype: torch.dtype = torch.float32
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
+        else:
+            torch.cuda.set_device(self.device)
+            self.compute_dtype = getattr(torch, spec.model.dtype)
+        self.temperature = spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0
+        set_seed(spec.training.seed)
+
+        def load(dtype: torch.dtype) -> torch.nn.Module:
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=dtype, trust_remote_code=spec.model.trust_remote_code
+            )
+            model.config.use_cache = False
+            return model.to(self.device)
+
+        self.model = load(torch.float32)
+        if spec.training.recompute_activations:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.ref_model: torch.nn.Module | None = None
+        if needs_reference(spec):  # same dtype and autocast as the policy: equal log-probs at the start
+            self.ref_model = load(torch.float32).eval().requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = spec.training.optimizer
+        # As Megatron: no weight decay on biases and norm weights (1-D parameters).
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": opt.weight_decay}]
+        if no_decay:
+            groups.append({"params": no_decay, "weight_decay": 0.0})
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=lr_at(0, opt, 1), betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps
+        )
+        self.steps_per_rollout = steps_per_rollout(
+            spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
+        )
+        self.total_steps = spec.training.num_rollout * self.steps_per_rollout
+        self.step = 0  # optimizer steps taken
+        self._logits_to_keep = "logits_to_keep" in _forward_params(self.model)
+
+    # ----------------------------------------------------------------------------- distributed
+
+    def master_address(self) -> tuple[str, int]:
+        """This node's IP and a free port, for the rendezvous (asked of rank 0)."""
+        return _node_ip(), _free_port()
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None:
+        """Join the group (all ranks at once); nothing to do with one rank."""
+        if self.world_size == 1 or dist.is_initialized():
+            return
+        dist.init_process_group(
+            backend="nccl" if self.device.type == "cuda" else "gloo",
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=self.dist_timeout_s),
+            device_id=self.device if self.device.type == "cuda" else None,
+        )
+
+    def _distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_initialized()
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """SUM over ranks of a small CPU tensor (through the device: nccl reduces CUDA tensors only)."""
+        if not self._distributed():
+            return tensor
+        on_device = tensor.to(self.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+        return on_device.cpu()
+
+    def _all_reduce_grads(self) -> None:
+        if not self._distributed():
+            return
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(reduced)
+
+    def set_seed(self, seed: int) -> None:
+        set_seed(seed)
+
+    # -------------------------------------------------------------------------------- forward
+
+    def _forward(
+        self, model: torch.nn.Module, batch: TrainBatch, entropy: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[b, T] log-probs of the response tokens under ``model`` (logits / temperature), and their
+        entropy: ``entropy`` "grad" (differentiable), "metric" (no graph) or None (not computed)."""
+        positions = batch.logit_positions().to(self.device)
+        first = int(batch.prompt_lengths.min()) - 1
+        kwargs: dict[str, Any] = {}
+        if self._logits_to_keep:  # skip the LM head on the prompt-only prefix
+            kwargs["logits_to_keep"] = batch.input_ids.shape[1] - first
+        else:
+            first = 0
+        with self._autocast():
+            out = model(
+                input_ids=batch.input_ids.to(self.device),
+                attention_mask=batch.attention_mask.to(self.device),
+                use_cache=False,
+                **kwargs,
+            )
+        rows = torch.arange(batch.size, device=self.device)[:, None]
+        logits = out.logits[rows, positions - first]  # [b, T, V]
+        valid = batch.response_mask().to(self.device) > 0  # 0 past each response: no stray values there
+        logp = token_logprobs(logits, batch.response_ids.to(self.device), self.temperature)
+        logp = torch.where(valid, logp, 0.0)
+        ent = None
+        if entropy == "grad":
+            ent = torch.where(valid, entropy_from_logits(logits, self.temperature), 0.0)
+        elif entropy == "metric":
+            with torch.no_grad():
+                ent = torch.where(valid, entropy_from_logits(logits.detach(), self.temperature), 0.0)
+        return logp, ent
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def _micro_batches(self, size: int) -> list[list[slice]]:
+        per_rank = self.spec.training.global_batch_size // self.world_size
+        mbs = self.spec.training.micro_batch_size
+        if size % per_rank == 0 and per_rank % mbs == 0:
+            return local_plan(size, per_rank, mbs)
+        return [[slice(i, min(i + mbs, size)) for i in range(0, size, mbs)]]
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> LogProbs:
+        """Log-probs, reference log-probs and entropy of this rank's rows, [B, T] on CPU.
+
+        Uses exactly the micro-batches ``train`` will use, so that the first step is bit-for-bit
+        on-policy (ppo_kl == 0).
+        """
+        self.model.eval()
+        try:
+            logp, ref, ent = [], [], []
+            for step in self._micro_batches(batch.size):
+                for rows in step:
+                    mb = batch.select(rows)
+                    lp, e = self._forward(self.model, mb, entropy="metric")
+                    logp.append(pad_columns(lp.float().cpu(), batch.width))
+                    ent.append(pad_columns(e.float().cpu(), batch.width))  # type: ignore[union-attr]
+                    if self.ref_model is not None:
+                        r, _ = self._forward(self.ref_model, mb, entropy=None)
+                        ref.append(pad_columns(r.float().cpu(), batch.width))
+        finally:
+            self.model.train()
+        return LogProbs(torch.cat(logp), torch.cat(ref) if ref else None, torch.cat(ent))
+
+    # ------------------------------------------------------------------------------- training
+
+    def train(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        denominators: Sequence[float] | None = None,
+    ) -> Metrics:
+        """This rank's share of a rollout: its rows of every global batch, in order (``rank_rows``).
+
+        Takes one optimizer step per global batch, over micro-batches of microBatchSize rows.
+        ``denominators``: per step, the global batch's loss denominator (``loss_denominator``);
+        computed here with an all-reduce when not given. Returns metrics averaged over the steps,
+        identical on every rank.
+        """
+        spec = self.spec
+        algo = spec.algorithm
+        per_rank = spec.training.global_batch_size // self.world_size
+        plan = local_plan(batch.size, per_rank, spec.training.micro_batch_size)
+        advantages = check_per_token("advantages", advantages, batch)
+        old_logp = check_per_token("old_logp", old_logp, batch)
+        if ref_logp is not None:
+            ref_logp = check_per_token("ref_logp", ref_logp, batch)
+        elif algo.use_kl_loss:
+            raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
+        if denominators is None:
+            counts = torch.tensor(
+                [_raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
+                dtype=torch.float64,
+            )
+            denominators = self._all_reduce(counts).clamp(min=1.0).tolist()
+        if len(denominators) != len(plan):
+            raise ValueError(f"{len(denominators)} denominators for {len(plan)} optimizer steps")
+
+        totals: dict[str, float] = {}
+        for step_slices, denominator in zip(plan, denominators, strict=True):
+            for key, value in self._optimizer_step(
+                batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
+            ).items():
+                totals[key] = totals.get(key, 0.0) + value
+        return {key: value / len(plan) for key, value in totals.items()}
+
+    def _optimizer_step(
+        self,
+        batch: TrainBatch,
+        micro_batches: list[slice],
+        advantages: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        denominator: float,
+    ) -> Metrics:
+        algo = self.spec.algorithm
+        want_entropy_grad = algo.entropy_coef > 0
+        self.optimizer.zero_grad(set_to_none=True)
+        summed: dict[str, torch.Tensor] = {}
+        weighted: dict[str, torch.Tensor] = {}
+        tokens = torch.zeros((), dtype=torch.float64)
+        for rows in micro_batches:
+            mb = batch.select(rows)
+            width = mb.width
+            logp, entropy = self._forward(self.model, mb, entropy="grad" if want_entropy_grad else "metric")
+
+            def cut(t: torch.Tensor | None, rows: slice = rows, width: int = width) -> torch.Tensor | None:
+                return None if t is None else t[rows, :width].to(self.device)
+
+            mask = mb.loss_mask.to(self.device)
+            loss, metrics = policy_loss(
+                algo,
+                logp,
+                cut(old_logp),  # type: ignore[arg-type]
+                cut(advantages),  # type: ignore[arg-type]
+                mask,
+                entropy=entropy,
+                ref_logp=cut(ref_logp),
+                rollout_logp=None if mb.rollout_logp is None else mb.rollout_logp.to(self.device),
+                denominator=denominator,
+            )
+            loss.backward()
+            n = mask.sum().double().cpu()
+            tokens += n
+            for key, value in metrics.items():
+                value = value.detach().double().cpu()
+                if key in SUMMED_METRICS:
+                    summed[key] = summed.get(key, 0.0) + value
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + value * n
+        self._all_reduce_grads()
+        clip = self.spec.training.optimizer.clip_grad
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        lr = lr_at(self.step, self.spec.training.optimizer, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:  # as Megatron: skip the update on inf/nan gradients
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+        s_keys, w_keys = sorted(summed), sorted(weighted)
+        packed = torch.stack([*(summed[k] for k in s_keys), *(weighted[k] for k in w_keys), tokens])
+        packed = self._all_reduce(packed)
+        total_tokens = max(float(packed[-1]), 1.0)
+        out: Metrics = {k: float(packed[i]) for i, k in enumerate(s_keys)}
+        out.update({k: float(packed[len(s_keys) + i]) / total_tokens for i, k in enumerate(w_keys)})
+        out.update(
+            grad_norm=float(grad_norm), lr=lr, skipped_step=0.0 if finite else 1.0, tokens=float(packed[-1])
+        )
+        return out
+
+    # -------------------------------------------------------------------------------- weights
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The policy's state_dict under Hugging Face names (tied aliases included), detached CPU copies."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        """``path/model``: HF safetensors + config + tokenizer files (rank 0); ``path/trainer_rank{r}.pt``:
+        optimizer, schedule position and RNG state of every rank."""
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            model_dir = root / MODEL_DIR
+            self.model.save_pretrained(model_dir, safe_serialization=True)
+            _copy_side_files(Path(self.model_path), model_dir)
+        state = {
+            "step": self.step,
+            "world_size": self.world_size,
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state(),
+        }
+        tmp = root / (STATE_FILE.format(rank=self.rank) + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, root / STATE_FILE.format(rank=self.rank))
+        if self._distributed():
+            dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore ``save``'s checkpoint (same data-parallel size)."""
+        from safetensors.torch import load_file
+
+        root = Path(path)
+        files = sorted((root / MODEL_DIR).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no safetensors weights under {root / MODEL_DIR}")
+        weights: dict[str, torch.Tensor] = {}
+        for file in files:
+            weights.update(load_file(str(file)))
+        named = dict(self.model.named_parameters())
+        missing = sorted(set(named) - set(weights))
+        if missing:
+            raise ValueError(f"checkpoint {root} lacks parameters: {', '.join(missing[:5])}")
+        with torch.no_grad():
+            for name, param in named.items():
+                param.copy_(weights[name].to(device=param.device, dtype=param.dtype))
+            buffers = dict(self.model.named_buffers())
+            for name, tensor in weights.items():
+                if name in buffers:
+                    buffers[name].copy_(tensor.to(buffers[name].device, buffers[name].dtype))
+        state = torch.load(root / STATE_FILE.format(rank=self.rank), map_location="cpu", weights_only=False)
+        if state["world_size"] != self.world_size:
+            raise ValueError(
+                f"checkpoint {root} was saved by {state['world_size']} data-parallel ranks, not {self.world_size}"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        set_rng_state(state["rng"])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _raw_count(loss_mask: torch.Tensor, reduction: str) -> float:
+    if reduction == "token":
+        return float(loss_mask.sum())
+    return float((loss_mask.sum(-1) > 0).sum())
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+def _copy_side_files(src: Path, dest: Path) -> None:
+    """Tokenizer and generation files of the original model, so the checkpoint is a full HF directory."""
+    if not src.is_dir():
+        return
+    for item in src.iterdir():
+        if not item.is_file() or item.name.endswith(WEIGHT_FILES) or item.name in WEIGHT_INDEXES:
+            continue
+        if not (dest / item.name).exists():
+            shutil.copy2(item, dest / item.name)

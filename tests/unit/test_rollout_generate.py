@@ -1,0 +1,240 @@
+"""Pure parts of rollout generation: request bodies, response mapping, statuses, the retry policy,
+and the retry loop against a scripted local HTTP server (no model, no router)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rljob_api.spec_rollout import RolloutSpec
+from rljob_runtime.data.sample import Sample, Status
+from rljob_runtime.rollout import protocol
+from rljob_runtime.rollout.generate import (
+    GenerationError,
+    RetryPolicy,
+    apply_response,
+    generate_samples,
+    request_body,
+    sampling_params_from_spec,
+    status_from_finish_reason,
+)
+
+
+def answer(ids: list[int], kind: str = "length", version: str = "3") -> dict[str, Any]:
+    return {
+        "text": "".join(f"<{t}>" for t in ids),
+        "output_ids": ids,
+        "meta_info": {
+            "finish_reason": {"type": kind},
+            "weight_version": version,
+            "output_token_logprobs": [[-0.1 * (i + 1), t, None] for i, t in enumerate(ids)],
+        },
+    }
+
+
+def test_sampling_params_follow_the_rollout_spec() -> None:
+    spec = RolloutSpec.model_validate(
+        {
+            "temperature": 0.7,
+            "topP": 0.9,
+            "topK": 20,
+            "maxResponseLen": 33,
+            "stop": ["\n\n"],
+            "stopTokenIds": [2],
+        }
+    )
+    params = sampling_params_from_spec(spec)
+    assert params == protocol.sampling_params(
+        temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=33, stop=["\n\n"], stop_token_ids=[2]
+    )
+    assert set(params) <= protocol.SAMPLING_PARAM_FIELDS
+    # empty stop lists are left out; overrides win
+    plain = sampling_params_from_spec(RolloutSpec(), temperature=0.0, ignore_eos=True)
+    assert "stop" not in plain and "stop_token_ids" not in plain
+    assert plain["temperature"] == 0.0 and plain["ignore_eos"] is True and plain["max_new_tokens"] == 1024
+
+
+def test_request_body_uses_prompt_ids_and_logprobs() -> None:
+    params = protocol.sampling_params(max_new_tokens=4)
+    body = request_body(Sample(index=0, prompt="hi", prompt_ids=[5, 6, 7]), params)
+    assert body == protocol.generate_body(input_ids=[5, 6, 7], params=params, return_logprob=True)
+    assert body["return_logprob"] is True and "text" not in body
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        request_body(Sample(index=3, prompt="hi"), params)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        ("stop", Status.COMPLETED),
+        ("length", Status.TRUNCATED),
+        ("abort", Status.ABORTED),
+        (None, Status.FAILED),
+        ("weird", Status.FAILED),
+    ],
+)
+def test_finish_reason_to_status(kind: str | None, status: Status) -> None:
+    assert status_from_finish_reason(kind) is status
+
+
+def test_apply_response_aligns_ids_and_logprobs() -> None:
+    sample = Sample(index=1, prompt_ids=[1, 2], metadata={"keep": 1})
+    apply_response(sample, answer([10, 11, 12], "stop", "7"))
+    assert sample.response_ids == [10, 11, 12] and sample.response_length == 3
+    assert sample.rollout_logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert sample.response == "<10><11><12>"
+    assert sample.status is Status.COMPLETED and sample.weight_versions == ["7"]
+    assert sample.metadata == {"keep": 1, "finish_reason": "stop"}
+    assert sample.tokens == [1, 2, 10, 11, 12]
+    # without logprobs: output_ids, no logprobs; a bare-string finish reason (older SGLang)
+    bare = {"text": "x", "output_ids": [4], "meta_info": {"finish_reason": "length"}}
+    apply_response(sample, bare)
+    assert sample.response_ids == [4] and sample.rollout_logprobs is None
+    assert sample.status is Status.TRUNCATED and sample.weight_versions == []
+
+
+def test_retry_policy_delays_and_validation() -> None:
+    slime = RetryPolicy()
+    assert (slime.max_attempts, slime.delay(1), slime.delay(59)) == (60, 1.0, 1.0)
+    expo = RetryPolicy(backoff_s=0.5, backoff_multiplier=2.0, max_backoff_s=3.0)
+    assert [expo.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(backoff_multiplier=0.5)
+
+
+# ---- the retry loop against a scripted server -------------------------------------------------------
+
+Script = Callable[[int, dict[str, Any]], web.StreamResponse]
+
+
+async def _with_server(script: Script, run: Callable[[str], Any]) -> tuple[Any, int]:
+    calls = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        return script(calls, await request.json())
+
+    app = web.Application()
+    app.router.add_post("/generate", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        return await run(f"http://127.0.0.1:{port}"), calls
+    finally:
+        await runner.cleanup()
+
+
+FAST = RetryPolicy(max_attempts=4, backoff_s=0.01)
+PARAMS = protocol.sampling_params(max_new_tokens=3)
+
+
+def _samples(n: int) -> list[Sample]:
+    return [Sample(index=i, prompt_ids=[i + 1, 2]) for i in range(n)]
+
+
+def test_errors_and_weight_update_aborts_are_retried_until_success() -> None:
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        if call == 1:
+            return web.json_response({"error": "upstream gone"}, status=500)
+        if call == 2:
+            return web.json_response({"error": "no workers"}, status=503)
+        if call == 3:
+            return web.json_response(answer([9], "abort"))  # paused for a weight update
+        return web.json_response(answer(body["input_ids"][::-1], "stop"))
+
+    samples = _samples(1)
+    result, calls = asyncio.run(
+        _with_server(script, lambda url: generate_samples(url, samples, PARAMS, retry=FAST))
+    )
+    assert calls == 4 and result is not samples and result == samples
+    assert samples[0].response_ids == [2, 1] and samples[0].status is Status.COMPLETED
+    assert samples[0].metadata["rollout_tries"] == 4
+
+
+def test_exhausted_retries_raise_with_the_last_error() -> None:
+    samples = _samples(3)
+
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        if body["input_ids"][0] == 2:
+            return web.json_response({"error": "always down"}, status=502)
+        return web.json_response(answer([1]))
+
+    with pytest.raises(GenerationError, match=r"sample 1: 4 tries failed, the last with HTTP 502"):
+        asyncio.run(_with_server(script, lambda url: generate_samples(url, samples, PARAMS, retry=FAST)))
+
+
+def test_client_errors_fail_at_once_and_connection_errors_are_retried() -> None:
+    def bad(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        return web.json_response({"error": "bad input_ids"}, status=400)
+
+    with pytest.raises(GenerationError, match="HTTP 400"):
+        asyncio.run(_with_server(bad, lambda url: generate_samples(url, _samples(1), PARAMS, retry=FAST)))
+
+    async def nobody_listens() -> None:
+        from rljob_runtime.rollout.procs import free_port
+
+        await generate_samples(f"http://127.0.0.1:{free_port()}", _samples(1), PARAMS, retry=FAST)
+
+    with pytest.raises(GenerationError, match="4 tries failed, the last with ClientConnectorError"):
+        asyncio.run(nobody_listens())
+
+
+def test_aborts_are_final_when_the_caller_cancels_and_bounded_otherwise() -> None:
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        return web.json_response(answer([7, 8], "abort"))
+
+    samples = _samples(2)
+    asyncio.run(
+        _with_server(
+            script, lambda url: generate_samples(url, samples, PARAMS, retry=FAST, cancelled=lambda: True)
+        )
+    )
+    assert [s.status for s in samples] == [Status.ABORTED, Status.ABORTED]
+    assert samples[0].response_ids == [7, 8]
+    bounded = RetryPolicy(max_attempts=2, max_abort_retries=2)
+    with pytest.raises(GenerationError, match="aborted 3 times"):
+        asyncio.run(
+            _with_server(script, lambda url: generate_samples(url, _samples(1), PARAMS, retry=bounded))
+        )
+
+
+def test_concurrency_is_bounded() -> None:
+    in_flight = peak = 0
+
+    async def run(url: str) -> list[Sample]:
+        return await generate_samples(url, _samples(12), PARAMS, concurrency=3, retry=FAST)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return web.json_response(answer([1]))
+
+    async def main() -> list[Sample]:
+        app = web.Application()
+        app.router.add_post("/generate", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await run(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    out = asyncio.run(main())
+    assert len(out) == 12 and all(s.status is Status.TRUNCATED for s in out)
+    assert peak == 3

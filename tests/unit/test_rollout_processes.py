@@ -1,0 +1,142 @@
+"""Engine and router command lines (checked against the real parsers where we can), actor options,
+and the child-process guarantees: process-group kill and death with the parent (PDEATHSIG)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sglang_router.launch_router import parse_router_args
+
+from rljob_runtime.rollout import procs, protocol
+from rljob_runtime.rollout.engine_actor import COLOCATED_FRACTION, actor_options, engine_command
+from rljob_runtime.rollout.hf_server import build_parser
+from rljob_runtime.rollout.router import router_command
+
+
+def test_hf_engine_command_parses_with_the_hf_server_parser() -> None:
+    cmd = engine_command(
+        "hf", model_path="/m", host="10.0.0.1", port=31000, dtype="float32", seed=3, threads=1
+    )
+    assert cmd[:3] == [sys.executable, "-m", "rljob_runtime.rollout.hf_server"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.model_path, args.host, args.port, args.seed, args.threads) == ("/m", "10.0.0.1", 31000, 3, 1)
+    assert (args.dtype, args.device) == ("float32", "cpu")
+
+
+def test_sglang_engine_command_uses_launch_flags_and_extra_args() -> None:
+    cmd = engine_command(
+        "sglang",
+        model_path="/m",
+        host="h",
+        port=1,
+        dtype="bfloat16",
+        seed=2,
+        tp_size=2,
+        base_gpu_id=4,
+        enable_memory_saver=True,
+        sglang_args={"mem-fraction-static": "0.7", "enable_metrics": ""},
+    )
+    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    flags = [a[2:] for a in cmd[3:] if a.startswith("--")]
+    assert set(flags) - {"enable-metrics"} <= protocol.LAUNCH_FLAGS
+    text = " ".join(cmd)
+    for part in ("--tp-size 2", "--base-gpu-id 4", "--mem-fraction-static 0.7", "--dtype bfloat16"):
+        assert part in text
+    assert "--random-seed 2" in text and "--enable-memory-saver" in text
+    assert cmd[cmd.index("--enable-metrics") + 1].startswith("--"), "an empty value is a bare flag"
+
+
+def test_router_command_disables_its_own_health_checks_breaker_and_retries() -> None:
+    cmd = router_command(host="127.0.0.1", port=30001, metrics_port=30002, policy="round_robin")
+    assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+    args = parse_router_args(cmd[3:])  # the router's own parser accepts every flag
+    assert (args.port, args.prometheus_port, args.policy) == (30001, 30002, "round_robin")
+    assert args.disable_health_check and args.disable_circuit_breaker and args.disable_retries
+    with pytest.raises(ValueError, match="router policy 'nope'"):
+        router_command(host="h", port=1, metrics_port=2, policy="nope")
+
+
+class _Slot:
+    def options(self, fraction: float = 1.0) -> dict[str, object]:
+        return {"num_cpus": fraction, "scheduling_strategy": "pg"}
+
+
+def test_actor_options_share_the_bundle_when_colocated() -> None:
+    colocated = actor_options(_Slot(), colocated=True, device="cpu")
+    assert colocated["num_cpus"] == COLOCATED_FRACTION and "num_gpus" not in colocated
+    assert colocated["max_concurrency"] > 1, "alive()/kill() must answer while start() waits"
+    assert actor_options(_Slot(), colocated=False, device="cpu")["num_cpus"] == 1.0
+    gpu = actor_options(_Slot(), colocated=True, device="cuda")
+    assert gpu["num_gpus"] == COLOCATED_FRACTION
+    assert gpu["runtime_env"]["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_kill_group_takes_grandchildren(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); open({str(pid_file)!r},'w').write(str(p.pid)); time.sleep(60)"
+    proc = procs.spawn([sys.executable, "-c", script], log_path=tmp_path / "log")
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    procs.kill_group(proc)
+    assert proc.returncode is not None
+    assert _wait_gone(grandchild)
+    procs.kill_group(proc)  # idempotent
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_child_dies_with_a_hard_killed_parent(tmp_path: Path) -> None:
+    """What protects us from ray.kill (SIGKILL) of an engine actor: the server dies with it."""
+    pid_file = tmp_path / "child.pid"
+    parent = (
+        "import sys,time; from pathlib import Path; from rljob_runtime.rollout import procs; "
+        f"p=procs.spawn([sys.executable,'-c','import time; time.sleep(60)'], log_path=Path({str(tmp_path / 'log')!r})); "
+        f"open({str(pid_file)!r},'w').write(str(p.pid)); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+        proc.kill()
+        proc.wait()
+        assert _wait_gone(child), "the child outlived its SIGKILLed parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = procs.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+    assert procs.log_tail(None) == ""
