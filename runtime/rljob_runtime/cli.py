@@ -28,6 +28,51 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        print(f"rljob-runtime: invalid config: {exc.problems[0]}", file=sys.stderr)
+        return 2
+    from .driver import RunError, RunOptions, prepare, run
+    from .report import JobIdentity
+
+    report = args.report_status == "on" or (
+        args.report_status == "auto" and str(args.config).startswith("env:")
+    )
+    job = JobIdentity(config.name, config.namespace or "default") if report and config.name else None
+    print(f"{config.name or args.config}: starting", flush=True)
+    for topic, line in describe(config.spec):
+        print(f"  {topic:<12}{line}", flush=True)
+    try:
+        prepared = prepare(config.spec)
+        if prepared.dropped_prompts:
+            print(
+                f"  dropped {prepared.dropped_prompts} prompt(s) longer than data.maxPromptLength", flush=True
+            )
+        result = run(
+            prepared,
+            RunOptions(
+                job=job,
+                tensorboard_dir=args.tensorboard or os.path.join(config.spec.checkpoint.path, "tensorboard"),
+                resume=args.resume,
+                stop_after=args.stop_after,
+                ray_address=args.ray_address or os.environ.get("RAY_ADDRESS"),
+            ),
+        )
+    except (RunError, ValueError, RuntimeError, NotImplementedError, OSError) as exc:
+        # Contract with the operator: the last line of output is a one-line reason.
+        print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
+        return 1
+    print(f"done: {result.steps_done} steps; last checkpoint {result.last_checkpoint}", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rljob-runtime", description="rljob's RL training runtime.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -38,6 +83,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--config", "-c", required=True, help="YAML file: an RLTrainingJob or its spec")
     validate.set_defaults(run=_validate)
+    train = commands.add_parser(
+        "train",
+        help="run the RL training loop (the operator's RayJob runs this)",
+        description="Run the training loop on Ray: generate, reward, train, sync weights, checkpoint, report.",
+    )
+    train.add_argument(
+        "--config", "-c", required=True, help="YAML file, or env:NAME to read it from a variable"
+    )
+    train.add_argument(
+        "--resume", choices=["auto", "never", "required"], default=None, help="override checkpoint.resume"
+    )
+    train.add_argument(
+        "--tensorboard",
+        default=None,
+        help="TensorBoard log directory (default: <checkpoint.path>/tensorboard)",
+    )
+    train.add_argument(
+        "--stop-after", type=int, default=None, help="stop after this many steps (checkpoint first)"
+    )
+    train.add_argument(
+        "--ray-address",
+        default=None,
+        help="an existing Ray cluster (default: $RAY_ADDRESS, else a local one)",
+    )
+    train.add_argument(
+        "--report-status",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="patch the RLTrainingJob's status.progress (auto: when the config comes from env:)",
+    )
+    train.set_defaults(run=_train)
     return parser
 
 

@@ -3,6 +3,7 @@ models (and so the same rules and messages) as the CRD, before anything starts."
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,18 @@ class RuntimeConfig:
 
 
 def load_config(path: str | Path) -> RuntimeConfig:
-    """Read and validate a YAML/JSON file holding an RLTrainingJob (or only its spec)."""
+    """Read and validate a YAML/JSON file holding an RLTrainingJob (or only its spec); `env:NAME`
+    reads the document from an environment variable instead (how the operator hands it over)."""
+    if isinstance(path, str) and path.startswith("env:"):
+        name = path[4:]
+        text = os.environ.get(name)
+        if text is None:
+            raise ConfigError([f"environment variable {name} is not set"], source=path)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{name}: not valid YAML/JSON: {exc}"], source=path) from None
+        return config_from_document(doc, source=path)
     path = Path(path)
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]

@@ -1,0 +1,302 @@
+"""The training loop, plain like slime's train.py: for each rollout step, generate through the
+router, score, compute advantages, train, push weights, save on interval, report.
+
+Everything that can be wrong with the config or the data is checked in `prepare` before Ray
+starts (no GPU is taken for a run that cannot work). Async mode overlaps the generation of step
+k+1 with training on step k (one step off-policy); weights are pushed between generations only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rljob_api.spec import RLTrainingJobSpec
+
+from .algo.batching import steps_per_rollout
+from .checkpoint import store
+from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
+from .data.rewards.base import scalar_reward
+from .data.rewards.build import build_reward, reward_needs_label
+from .data.sample import Sample, Status
+from .models import resolve_model
+from .report import JobIdentity, ProgressReporter
+from .sync import check_supported, push_weights
+
+log = logging.getLogger("rljob.driver")
+
+
+class RunError(RuntimeError):
+    """The run cannot go on; the message is the one-line reason the operator shows."""
+
+
+@dataclass
+class Prepared:
+    """What `prepare` checked and loaded before any Ray actor exists."""
+
+    spec: RLTrainingJobSpec
+    model_path: str
+    source: PromptSource
+    eval_sets: list[EvalDataset]
+    reward: Any
+    dropped_prompts: int
+
+
+@dataclass
+class RunOptions:
+    job: JobIdentity | None = None
+    tensorboard_dir: str | None = None
+    resume: str | None = None  # overrides spec.checkpoint.resume
+    stop_after: int | None = None  # stop (as if interrupted) after this many steps: tests, debugging
+    ray_address: str | None = None
+
+
+@dataclass
+class RunResult:
+    steps_done: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    batches: list[list[int]] = field(default_factory=list)  # prompt rows (group indices) of each step
+    last_checkpoint: str | None = None
+
+
+def prepare(spec: RLTrainingJobSpec) -> Prepared:
+    """Fail fast: unsupported options, the model, the tokenizer, the data and the reward."""
+    unsupported = []
+    if spec.training.backend != "torch":
+        unsupported.append("training.backend megatron (needs the GPU backend)")
+    if spec.rollout.engine != "hf":
+        unsupported.append("rollout.engine sglang (needs GPUs)")
+    if spec.algorithm.dynamic_sampling.enabled:
+        unsupported.append("algorithm.dynamicSampling")
+    if spec.algorithm.advantage_estimator == "ppo":
+        unsupported.append("advantageEstimator ppo (no critic yet)")
+    if spec.rollout.partial_rollout:
+        unsupported.append("rollout.partialRollout")
+    if unsupported:
+        raise RunError("not supported by this runtime yet: " + "; ".join(unsupported))
+    check_supported(spec)
+    steps_per_rollout(
+        spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
+    )
+    model_path = str(resolve_model(spec.model.path))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_path)
+    needs_label = reward_needs_label(spec.reward)
+    source, loaded = PromptSource.from_spec(
+        spec.data,
+        seed=spec.training.seed,
+        tokenizer=tokenizer,
+        chat_template=spec.model.chat_template,
+        require_label=needs_label,
+    )
+    eval_sets = load_eval_datasets(
+        spec.data, tokenizer=tokenizer, chat_template=spec.model.chat_template, require_label=needs_label
+    )
+    reward = build_reward(spec.reward)
+    return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long)
+
+
+def run(prepared: Prepared, options: RunOptions) -> RunResult:
+    """Start Ray, place the actors, and train until numRollout (or stop_after) steps are done."""
+    import ray
+
+    from .placement import bundle_shapes, create_placement, local_resources
+    from .rollout.manager import RolloutManager
+    from .trainer.group import TrainerGroup
+
+    spec = prepared.spec
+    started_ray = False
+    if not ray.is_initialized():
+        if options.ray_address:
+            ray.init(address=options.ray_address, log_to_driver=False)
+        else:
+            # A local Ray sized for the job's bundles (one CPU each) plus the driver's own actors.
+            ray.init(
+                num_cpus=len(bundle_shapes(spec)) + 2,
+                resources=local_resources(spec),
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+        started_ray = True
+    trainer = rollout = None
+    reporter = ProgressReporter(
+        spec.training.num_rollout, job=options.job, tensorboard_dir=options.tensorboard_dir
+    )
+    try:
+        placement = create_placement(spec)
+        trainer = TrainerGroup.create(spec, prepared.model_path, placement.trainer)
+        rollout = RolloutManager.create(
+            spec, prepared.model_path, placement, weights_provider=trainer.named_tensors
+        )
+        return _loop(prepared, options, trainer, rollout, reporter)
+    finally:
+        reporter.close()
+        if rollout is not None:
+            rollout.shutdown()
+        if trainer is not None:
+            trainer.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def _loop(
+    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, reporter: ProgressReporter
+) -> RunResult:
+    spec = prepared.spec
+    ckpt_root = Path(spec.checkpoint.path)
+    rng = random.Random(spec.training.seed)
+    start, last_ckpt = _resume(prepared, options, trainer, rollout, rng)
+    result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
+    total = spec.training.num_rollout
+    if start > 0:
+        print(f"resumed from step {start} ({last_ckpt})", flush=True)
+    async_mode = spec.rollout.async_.enabled
+    pending: Future[list[Sample]] | None = None
+    for step in range(start, total):
+        if options.stop_after is not None and step - start >= options.stop_after:
+            break
+        t_step = time.perf_counter()
+        metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+        samples = pending.result() if pending is not None else rollout.generate(_next_samples(prepared))
+        metrics["time/generate"] = time.perf_counter() - t0
+        if async_mode and step + 1 < total:
+            pending = rollout.generate_async(_next_samples(prepared))  # step k+1 overlaps training on step k
+        t0 = time.perf_counter()
+        asyncio.run(prepared.reward.score(samples))
+        metrics["time/reward"] = time.perf_counter() - t0
+        metrics.update(rollout_metrics(samples, metrics["time/generate"]))
+        t0 = time.perf_counter()
+        if spec.resources.colocate:
+            rollout.release_memory()
+        train_metrics = _train(spec, trainer, samples)
+        if spec.resources.colocate:
+            rollout.resume_memory()
+        metrics["time/train"] = time.perf_counter() - t0
+        metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
+        if not async_mode or (step + 1) % spec.rollout.async_.update_weights_interval == 0:
+            if pending is not None:
+                pending.result()  # never update weights in the middle of a generation
+            metrics.update(push_weights(spec, trainer, rollout, version=step + 1))
+        checkpoint = None
+        done = step + 1
+        interval = spec.checkpoint.save_interval
+        if done == total or (interval and done % interval == 0):
+            t0 = time.perf_counter()
+            path = _save(prepared, trainer, ckpt_root, done, rng)
+            metrics["time/save"] = time.perf_counter() - t0
+            checkpoint = (done, str(path))
+            result.last_checkpoint = str(path)
+        eval_rewards = None
+        if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
+            eval_rewards = evaluate(prepared, rollout)
+            metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
+        metrics["time/step"] = time.perf_counter() - t_step
+        reporter.step(done, metrics, checkpoint=checkpoint, eval_rewards=eval_rewards)
+        result.history.append({"step": float(done), **metrics})
+        result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
+        result.steps_done = done
+    return result
+
+
+def _next_samples(prepared: Prepared) -> list[Sample]:
+    n = prepared.spec.rollout.n_samples_per_prompt
+    samples: list[Sample] = []
+    for prompt in prepared.source.next_batch(prepared.spec.rollout.batch_size):
+        samples.extend(prompt.to_samples(n, first_index=len(samples)))
+    return samples
+
+
+def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict[str, float]:
+    import torch
+
+    from .algo.advantages import compute_advantages
+    from .trainer.base import build_batch
+
+    logprobs = trainer.logprobs(samples)
+    mask = build_batch(samples).loss_mask.float()
+    mask = mask[:, : logprobs.logp.shape[1]]
+    rewards = torch.tensor([scalar_reward(s, spec.reward.reward_key) for s in samples], dtype=torch.float32)
+    kl = None if logprobs.ref_logp is None else (logprobs.logp - logprobs.ref_logp) * mask
+    advantages = compute_advantages(spec.algorithm, rewards, mask, spec.rollout.n_samples_per_prompt, kl=kl)
+    return trainer.train(samples, advantages.advantages, logprobs.logp, logprobs.ref_logp)
+
+
+def rollout_metrics(samples: Sequence[Sample], generate_seconds: float) -> dict[str, float]:
+    rewards = [float(s.reward) if not isinstance(s.reward, dict) else scalar_reward(s) for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    n = max(len(samples), 1)
+    mean = sum(rewards) / n
+    var = sum((r - mean) ** 2 for r in rewards) / n
+    return {
+        "reward/mean": mean,
+        "reward/std": var**0.5,
+        "response_length/mean": sum(lengths) / n,
+        "response/truncated_frac": sum(s.status == Status.TRUNCATED for s in samples) / n,
+        "rollout/tokens_per_s": sum(lengths) / max(generate_seconds, 1e-9),
+    }
+
+
+def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
+    """Mean reward per evaluation dataset, sampled with data.eval's settings."""
+    spec = prepared.spec
+    out = {}
+    for dataset in prepared.eval_sets:
+        samples = dataset.samples()
+        rollout.generate(
+            samples,
+            temperature=spec.data.eval.temperature,
+            top_p=spec.data.eval.top_p,
+            max_new_tokens=dataset.max_response_len or spec.rollout.max_response_len,
+        )
+        asyncio.run(prepared.reward.score(samples))
+        out[dataset.name] = sum(scalar_reward(s, spec.reward.reward_key) for s in samples) / max(
+            len(samples), 1
+        )
+    return out
+
+
+def _save(prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.Random) -> Path:
+    directory = store.iteration_dir(root, step)
+    directory.mkdir(parents=True, exist_ok=True)
+    trainer.save(str(directory))
+    store.write_driver_state(
+        directory,
+        {
+            "step": step,
+            "data": prepared.source.state_dict(),
+            "rng": list(rng.getstate()[1]),
+            "rng_version": rng.getstate()[0],
+        },
+    )
+    store.mark_complete(directory)
+    store.prune(root, prepared.spec.checkpoint.max_to_keep)
+    return directory
+
+
+def _resume(
+    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random
+) -> tuple[int, str | None]:
+    policy = options.resume or prepared.spec.checkpoint.resume
+    found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
+    if found is None:
+        if policy == "required":
+            raise RunError(
+                f"checkpoint.resume is required but there is no complete checkpoint under {prepared.spec.checkpoint.path}"
+            )
+        return 0, None
+    step, directory = found
+    trainer.load(str(directory))
+    state = store.read_driver_state(directory)
+    prepared.source.load_state_dict(state["data"])
+    rng.setstate((state["rng_version"], tuple(state["rng"]), None))
+    push_weights(prepared.spec, trainer, rollout, version=step)
+    return step, str(directory)
