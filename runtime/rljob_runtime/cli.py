@@ -49,6 +49,10 @@ def _train(args: argparse.Namespace) -> int:
     print(f"{config.name or args.config}: starting", flush=True)
     for topic, line in describe(config.spec):
         print(f"  {topic:<12}{line}", flush=True)
+
+    from .driver import unwind_on_sigterm
+
+    unwind_on_sigterm()
     try:
         prepared = prepare(config.spec)
         if prepared.dropped_prompts:
@@ -65,6 +69,9 @@ def _train(args: argparse.Namespace) -> int:
                 ray_address=args.ray_address or os.environ.get("RAY_ADDRESS"),
             ),
         )
+    except KeyboardInterrupt:
+        print("rljob-runtime: interrupted; stopped engines, router and trainer", file=sys.stderr)
+        return 130
     except (RunError, ValueError, RuntimeError, NotImplementedError, OSError) as exc:
         # Contract with the operator: the last line of output is a one-line reason.
         print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)

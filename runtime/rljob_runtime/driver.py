@@ -126,6 +126,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
                 log_to_driver=False,
             )
         started_ray = True
+    unwind_on_sigterm()  # after ray.init, which installs a SIGTERM handler that aborts the process
     trainer = rollout = None
     reporter = ProgressReporter(
         spec.training.num_rollout, job=options.job, tensorboard_dir=options.tensorboard_dir
@@ -147,19 +148,35 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
             ray.shutdown()
 
 
+def unwind_on_sigterm() -> None:
+    """SIGTERM (KubeRay stopping the job, a pod going away) unwinds like Ctrl-C, so the finally
+    blocks stop the engines, the router, the trainer actors and a Ray we started."""
+    import signal
+    import threading
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupted)
+
+
 def _loop(
     prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, reporter: ProgressReporter
 ) -> RunResult:
     spec = prepared.spec
     ckpt_root = Path(spec.checkpoint.path)
     rng = random.Random(spec.training.seed)
-    start, last_ckpt = _resume(prepared, options, trainer, rollout, rng)
+    start, last_ckpt, buffered = _resume(prepared, options, trainer, rollout, rng)
     result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
     total = spec.training.num_rollout
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
     async_mode = spec.rollout.async_.enabled
     pending: Future[list[Sample]] | None = None
+    if buffered:
+        pending = Future()
+        pending.set_result(buffered)  # the in-flight rollout saved by the last checkpoint
     for step in range(start, total):
         if options.stop_after is not None and step - start >= options.stop_after:
             break
@@ -191,7 +208,10 @@ def _loop(
         interval = spec.checkpoint.save_interval
         if done == total or (interval and done % interval == 0):
             t0 = time.perf_counter()
-            path = _save(prepared, trainer, ckpt_root, done, rng)
+            # Async mode: the next step's rollout is already in flight; its prompts have left the
+            # data source, so the generated samples are saved with the checkpoint (none is lost).
+            buffer = pending.result() if pending is not None else []
+            path = _save(prepared, trainer, ckpt_root, done, rng, buffer)
             metrics["time/save"] = time.perf_counter() - t0
             checkpoint = (done, str(path))
             result.last_checkpoint = str(path)
@@ -264,7 +284,9 @@ def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
     return out
 
 
-def _save(prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.Random) -> Path:
+def _save(
+    prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.Random, buffer: list[Sample]
+) -> Path:
     directory = store.iteration_dir(root, step)
     directory.mkdir(parents=True, exist_ok=True)
     trainer.save(str(directory))
@@ -275,6 +297,7 @@ def _save(prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.R
             "data": prepared.source.state_dict(),
             "rng": list(rng.getstate()[1]),
             "rng_version": rng.getstate()[0],
+            "rollout_buffer": [sample.to_dict() for sample in buffer],
         },
     )
     store.mark_complete(directory)
@@ -284,7 +307,7 @@ def _save(prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.R
 
 def _resume(
     prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random
-) -> tuple[int, str | None]:
+) -> tuple[int, str | None, list[Sample]]:
     policy = options.resume or prepared.spec.checkpoint.resume
     found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
     if found is None:
@@ -292,11 +315,12 @@ def _resume(
             raise RunError(
                 f"checkpoint.resume is required but there is no complete checkpoint under {prepared.spec.checkpoint.path}"
             )
-        return 0, None
+        return 0, None, []
     step, directory = found
     trainer.load(str(directory))
     state = store.read_driver_state(directory)
     prepared.source.load_state_dict(state["data"])
     rng.setstate((state["rng_version"], tuple(state["rng"]), None))
     push_weights(prepared.spec, trainer, rollout, version=step)
-    return step, str(directory)
+    buffer = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
+    return step, str(directory), buffer

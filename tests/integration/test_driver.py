@@ -69,11 +69,20 @@ def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: P
     assert first.batches + rest.batches == full.batches
 
 
-def test_disaggregated_loop(model_dir: Path, tmp_path: Path) -> None:
-    spec = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
-    result = run(prepare(spec), RunOptions(resume="never"))
-    assert result.steps_done == 3
-    assert all(m["time/sync"] > 0 for m in result.history)
+def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(model_dir: Path, tmp_path: Path) -> None:
+    def spec(ckpt: Path) -> Any:
+        s = spec_for(model_dir, ckpt, colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
+        s.rollout.async_.enabled = True
+        return s
+
+    full = run(prepare(spec(tmp_path / "full")), RunOptions())
+    assert full.steps_done == 3 and all(m["time/sync"] > 0 for m in full.history)
+    first = run(prepare(spec(tmp_path / "resumed")), RunOptions(stop_after=1))
+    # The checkpoint holds step 2's rollout, generated while step 1 trained.
+    state = store.read_driver_state(store.iteration_dir(tmp_path / "resumed", 1))
+    assert len(state["rollout_buffer"]) == 8
+    rest = run(prepare(spec(tmp_path / "resumed")), RunOptions())
+    assert first.batches + rest.batches == full.batches
 
 
 def test_bad_config_fails_before_ray_starts(model_dir: Path, tmp_path: Path) -> None:
@@ -84,3 +93,85 @@ def test_bad_config_fails_before_ray_starts(model_dir: Path, tmp_path: Path) -> 
     with pytest.raises(Exception, match=r"missing\.jsonl"):
         prepare(spec)
     assert not ray.is_initialized()
+
+
+def _our_processes() -> dict[int, str]:
+    """Processes a run starts: engines, the router, Ray's daemons and workers."""
+    markers = (
+        "rljob_runtime.rollout.hf_server",
+        "sglang_router",
+        "raylet",
+        "gcs_server",
+        "ray::",
+        "default_worker.py",
+    )
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(m in cmd for m in markers):
+                found[int(entry.name)] = cmd
+    return found
+
+
+def test_sigterm_mid_run_leaves_no_orphans(model_dir: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    spec = spec_for(model_dir, tmp_path / "ckpt").to_document()
+    spec["training"]["numRollout"] = 200
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "rljob.dev/v1alpha1",
+                "kind": "RLTrainingJob",
+                "metadata": {"name": "t"},
+                "spec": spec,
+            }
+        )
+    )
+    before = set(_our_processes())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rljob_runtime.cli",
+            "train",
+            "-c",
+            str(config),
+            "--tensorboard",
+            str(tmp_path / "tb"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.lstrip("[ ").startswith("1/200") or time.monotonic() > deadline:
+            break
+    assert any(line.lstrip("[ ").startswith("1/200") for line in lines), "".join(lines[-30:])
+    assert set(_our_processes()) - before, "the run started no engine or Ray process"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert out.strip().splitlines()[-1].startswith("rljob-runtime: interrupted")
+    deadline = time.monotonic() + 30
+    while (
+        left := {p: c for p, c in _our_processes().items() if p not in before}
+    ) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"orphans: {left}"
