@@ -363,3 +363,64 @@ def test_kueue_jobs_wait_suspended_and_follow_admission(
     wait_for("Running after admission", in_phase(crd, namespace, "queued", "Running"), operator, timeout=180)
     time.sleep(6)  # a resync later the operator has not suspended it again
     assert crd.get("rayjob", "queued", namespace)["spec"]["suspend"] is False
+
+
+def test_runtime_reports_progress_with_its_own_least_privilege_identity(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Any
+) -> None:
+    from rljob_runtime.report import JobIdentity, ProgressReporter
+
+    crd.apply(_in(namespace, job("reporter")), _in(namespace, job("neighbour")))
+    wait_for("Running", in_phase(crd, namespace, "reporter", "Running"), operator)
+    wait_for("neighbour Running", in_phase(crd, namespace, "neighbour", "Running"), operator)
+    # The runtime runs as the ServiceAccount the operator made for it: build its kubeconfig.
+    token = crd.kubectl("create", "token", "reporter-runtime", "-n", namespace).stdout.strip()
+    admin = json.loads(crd.kubectl("config", "view", "--raw", "-o", "json").stdout)
+    admin["users"] = [{"name": "runtime", "user": {"token": token}}]
+    admin["contexts"] = [
+        {"name": "runtime", "context": {"cluster": admin["clusters"][0]["name"], "user": "runtime"}}
+    ]
+    admin["current-context"] = "runtime"
+    kubeconfig = tmp_path / "runtime-kubeconfig"
+    kubeconfig.write_text(json.dumps(admin))
+    import io
+    import os
+
+    old = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    try:
+        reporter = ProgressReporter(
+            10, job=JobIdentity("reporter", namespace), tensorboard_dir=None, stream=io.StringIO()
+        )
+        reporter.step(
+            3,
+            {"reward/mean": 0.4567, "reward/std": 0.1, "time/step": 12.0},
+            checkpoint=(3, "/ckpt/iter_0000003"),
+        )
+        outsider = ProgressReporter(
+            10, job=JobIdentity("neighbour", namespace), tensorboard_dir=None, stream=io.StringIO()
+        )
+        outsider.step(1, {"reward/mean": 1.0})  # not its job: refused, logged, not raised
+    finally:
+        if old is None:
+            os.environ.pop("KUBECONFIG")
+        else:
+            os.environ["KUBECONFIG"] = old
+    st = status(crd, namespace, "reporter")
+    assert st["progress"]["stepText"] == "3/10" and st["progress"]["rewardMean"] == 0.4567
+    assert st["progress"]["lastCheckpoint"] == "/ckpt/iter_0000003" and st["progress"]["etaSeconds"] == 84
+    assert "progress" not in status(crd, namespace, "neighbour")
+    (row,) = [
+        r for r in table(crd.kubectl("get", "rljobs", "-n", namespace).stdout) if r["NAME"] == "reporter"
+    ]
+    assert (row["STEP"], row["REWARD"]) == ("3/10", "0.4567")
+    # The operator's next passes keep the runtime's progress and show it in the Ready message.
+    ready = wait_for(
+        "message shows progress",
+        lambda: (
+            "step 3/10" in condition(status(crd, namespace, "reporter"), "Ready")["message"]
+            and status(crd, namespace, "reporter")
+        ),
+        operator,
+    )
+    assert ready["progress"]["step"] == 3
