@@ -28,7 +28,7 @@ from .data.rewards.build import build_reward, reward_needs_label
 from .data.sample import Sample, Status
 from .models import resolve_model
 from .report import JobIdentity, ProgressReporter
-from .sync import check_supported, push_weights
+from .sync import WeightSync, check_supported
 
 log = logging.getLogger("rljob.driver")
 
@@ -128,6 +128,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         started_ray = True
     unwind_on_sigterm()  # after ray.init, which installs a SIGTERM handler that aborts the process
     trainer = rollout = None
+    sync = WeightSync(spec, single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1)
     reporter = ProgressReporter(
         spec.training.num_rollout, job=options.job, tensorboard_dir=options.tensorboard_dir
     )
@@ -137,9 +138,10 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         rollout = RolloutManager.create(
             spec, prepared.model_path, placement, weights_provider=trainer.named_tensors
         )
-        return _loop(prepared, options, trainer, rollout, reporter)
+        return _loop(prepared, options, trainer, rollout, reporter, sync)
     finally:
         reporter.close()
+        sync.close()
         if rollout is not None:
             rollout.shutdown()
         if trainer is not None:
@@ -162,12 +164,17 @@ def unwind_on_sigterm() -> None:
 
 
 def _loop(
-    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, reporter: ProgressReporter
+    prepared: Prepared,
+    options: RunOptions,
+    trainer: Any,
+    rollout: Any,
+    reporter: ProgressReporter,
+    sync: WeightSync,
 ) -> RunResult:
     spec = prepared.spec
     ckpt_root = Path(spec.checkpoint.path)
     rng = random.Random(spec.training.seed)
-    start, last_ckpt, buffered = _resume(prepared, options, trainer, rollout, rng)
+    start, last_ckpt, buffered = _resume(prepared, options, trainer, rollout, rng, sync)
     result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
     total = spec.training.num_rollout
     if start > 0:
@@ -202,7 +209,7 @@ def _loop(
         if not async_mode or (step + 1) % spec.rollout.async_.update_weights_interval == 0:
             if pending is not None:
                 pending.result()  # never update weights in the middle of a generation
-            metrics.update(push_weights(spec, trainer, rollout, version=step + 1))
+            metrics.update(sync.push(trainer, rollout, version=step + 1))
         checkpoint = None
         done = step + 1
         interval = spec.checkpoint.save_interval
@@ -306,7 +313,7 @@ def _save(
 
 
 def _resume(
-    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random
+    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random, sync: WeightSync
 ) -> tuple[int, str | None, list[Sample]]:
     policy = options.resume or prepared.spec.checkpoint.resume
     found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
@@ -321,6 +328,6 @@ def _resume(
     state = store.read_driver_state(directory)
     prepared.source.load_state_dict(state["data"])
     rng.setstate((state["rng_version"], tuple(state["rng"]), None))
-    push_weights(prepared.spec, trainer, rollout, version=step)
+    sync.push(trainer, rollout, version=step)
     buffer = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
     return step, str(directory), buffer

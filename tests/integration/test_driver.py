@@ -69,7 +69,14 @@ def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: P
     assert first.batches + rest.batches == full.batches
 
 
-def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(model_dir: Path, tmp_path: Path) -> None:
+def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One node would pick the shared-memory file transport; exercise the HTTP tensor one here.
+    import rljob_runtime.sync
+
+    monkeypatch.setattr(rljob_runtime.sync, "choose_transport", lambda spec, single_node=False: "tensors")
+
     def spec(ckpt: Path) -> Any:
         s = spec_for(model_dir, ckpt, colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
         s.rollout.async_.enabled = True

@@ -9,6 +9,8 @@ to the GPU work and are refused here with a clear message until they exist.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +20,11 @@ from rljob_api.spec import RLTrainingJobSpec
 Transport = Literal["tensors", "disk", "cuda_ipc", "nccl"]
 
 
-def choose_transport(spec: RLTrainingJobSpec) -> Transport:
+def choose_transport(spec: RLTrainingJobSpec, *, single_node: bool = False) -> Transport:
+    """CPU: a safetensors file in shared memory when everything runs on one node (fastest: no
+    encoding, one copy each way), else named tensors over HTTP. GPU: CUDA IPC or NCCL."""
     if spec.resources.device == "cpu":
-        return "tensors"
+        return "disk" if single_node and Path("/dev/shm").is_dir() else "tensors"
     return "cuda_ipc" if spec.resources.colocate else "nccl"
 
 
@@ -32,23 +36,37 @@ def check_supported(spec: RLTrainingJobSpec) -> None:
         )
 
 
-def push_weights(
-    spec: RLTrainingJobSpec, trainer: Any, rollout: Any, version: int, scratch: Path | None = None
-) -> dict[str, float]:
-    """Send the trainer's current weights to every engine; returns sync metrics."""
-    started = time.perf_counter()
-    transport = choose_transport(spec)
-    if transport == "tensors":
+class WeightSync:
+    """Pushes the trainer's weights to the engines with the transport chosen for this run."""
+
+    def __init__(self, spec: RLTrainingJobSpec, *, single_node: bool) -> None:
+        check_supported(spec)
+        self.transport = choose_transport(spec, single_node=single_node)
+        self._scratch: Path | None = None
+        if self.transport == "disk":
+            self._scratch = Path(tempfile.mkdtemp(prefix="rljob-weights-", dir="/dev/shm"))
+
+    def push(self, trainer: Any, rollout: Any, version: int) -> dict[str, float]:
+        """Send the trainer's current weights to every engine; returns sync metrics."""
+        started = time.perf_counter()
         named = trainer.named_tensors()
         size = sum(t.numel() * t.element_size() for t in named.values())
-        rollout.update_weights_from_tensors(list(named.items()), version=version)
-    elif transport == "disk":
-        assert scratch is not None
-        trainer.save(str(scratch))
-        size = sum(f.stat().st_size for f in (scratch / "model").glob("*.safetensors"))
-        rollout.update_weights_from_disk(scratch / "model", version=version)
-    else:
-        check_supported(spec)
-        raise AssertionError("unreachable")
-    seconds = time.perf_counter() - started
-    return {"time/sync": seconds, "sync/bytes": float(size), "sync/gb_per_s": size / max(seconds, 1e-9) / 1e9}
+        if self.transport == "disk":
+            from safetensors.torch import save_file
+
+            assert self._scratch is not None
+            save_file({k: v.contiguous() for k, v in named.items()}, str(self._scratch / "model.safetensors"))
+            rollout.update_weights_from_disk(self._scratch, version=version)
+        else:
+            rollout.update_weights_from_tensors(list(named.items()), version=version)
+        seconds = time.perf_counter() - started
+        return {
+            "time/sync": seconds,
+            "sync/bytes": float(size),
+            "sync/gb_per_s": size / max(seconds, 1e-9) / 1e9,
+        }
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
