@@ -79,6 +79,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
         unsupported.append("advantageEstimator ppo (no critic yet)")
     if spec.rollout.partial_rollout:
         unsupported.append("rollout.partialRollout")
+    if spec.rollout.async_.enabled and spec.rollout.async_.buffer_size > 1:
+        unsupported.append("rollout.async.bufferSize > 1 (one rollout in flight, one step off-policy)")
     if unsupported:
         raise RunError("not supported by this runtime yet: " + "; ".join(unsupported))
     check_supported(spec)

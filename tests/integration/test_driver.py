@@ -182,3 +182,14 @@ def test_sigterm_mid_run_leaves_no_orphans(model_dir: Path, tmp_path: Path) -> N
     ) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"orphans: {left}"
+
+
+def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path) -> None:
+    from rljob_runtime.driver import RunError
+
+    spec = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
+    spec.rollout.async_.enabled = True
+    spec.rollout.async_.buffer_size = 3
+    spec.algorithm.dynamic_sampling.enabled = True
+    with pytest.raises(RunError, match=r"algorithm\.dynamicSampling; .*rollout\.async\.bufferSize > 1"):
+        prepare(spec)
