@@ -33,6 +33,9 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
     env = ctx.env()
     env["PATH"] = f"{venv_bin()}{os.pathsep}{env['PATH']}"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray >= 2.5x turns on token authentication for every cluster once ~/.ray/auth_token exists
+    # (any local ray.init creates it); KubeRay's dashboard client sends no token, so keep it off here.
+    env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(ray),
