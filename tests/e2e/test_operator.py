@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -424,3 +425,49 @@ def test_runtime_reports_progress_with_its_own_least_privilege_identity(
         operator,
     )
     assert ready["progress"]["step"] == 3
+
+
+def test_a_cpu_job_really_trains_to_succeeded(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Any
+) -> None:
+    """No entrypoint override: the RayJob runs `rljob-runtime train --config env:RLJOB_JOB` on the
+    local Ray (a random-weight tiny model, two steps), reports progress and checkpoints."""
+    from rljob_runtime.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
+    data = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"
+    spec = {
+        "model": {"path": str(model), "dtype": "float32"},
+        "data": {"path": str(data), "applyChatTemplate": False},
+        "rollout": {"engine": "hf", "batchSize": 2, "nSamplesPerPrompt": 2, "maxResponseLen": 4},
+        "training": {"backend": "torch", "numRollout": 2, "globalBatchSize": 4, "microBatchSize": 2},
+        "resources": {
+            "device": "cpu",
+            "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "1", "memory": "2Gi"},
+        },
+        "checkpoint": {"path": str(tmp_path / "ckpt"), "saveInterval": 1},
+        "faultTolerance": {"engineHealthCheck": {"firstWaitSeconds": 120}},
+    }
+    crd.apply(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "tiny-grpo", "namespace": namespace},
+            "spec": spec,
+        }
+    )
+    phases: list[str] = []
+
+    def finished() -> dict[str, Any] | None:
+        st = status(crd, namespace, "tiny-grpo")
+        if st.get("phase") and (not phases or phases[-1] != st["phase"]):
+            phases.append(st["phase"])
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    st = wait_for("the job to finish", finished, operator, timeout=420)
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    assert "Running" in phases or "Starting" in phases, phases
+    progress = st["progress"]
+    assert progress["stepText"] == "2/2" and progress["lastCheckpointStep"] == 2
+    assert (tmp_path / "ckpt" / "iter_0000002" / "complete").exists()
+    assert (tmp_path / "ckpt" / "iter_0000002" / "model" / "config.json").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -55,6 +56,10 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
         f"--object-manager-port={om}",
         f"--runtime-env-agent-port={rtenv}",
         f"--num-cpus={num_cpus}",
+        # The custom resources the rljob operator's worker groups advertise (one per GPU or CPU
+        # slot), so an RLTrainingJob's runtime can place its bundles on this one local node.
+        "--resources="
+        + json.dumps({name: num_cpus for name in ("rljob_gpu", "rljob_trainer", "rljob_rollout")}),
         "--num-gpus=0",
         "--object-store-memory=268435456",
         f"--temp-dir={temp}",
