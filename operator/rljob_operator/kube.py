@@ -23,11 +23,9 @@ from .checks import NodeInfo
 # apiVersion/kind -> plural, for the kinds the operator writes or reads.
 PLURALS = {
     ("v1", "ServiceAccount"): "serviceaccounts",
-    ("v1", "Event"): "events",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("ray.io/v1", "RayJob"): "rayjobs",
-    ("batch/v1", "Job"): "jobs",
     (API_VERSION, KIND): PLURAL,
 }
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"

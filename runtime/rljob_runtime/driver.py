@@ -199,7 +199,7 @@ def _loop(
         t0 = time.perf_counter()
         asyncio.run(prepared.reward.score(samples))
         metrics["time/reward"] = time.perf_counter() - t0
-        metrics.update(rollout_metrics(samples, metrics["time/generate"]))
+        metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
         t0 = time.perf_counter()
         if spec.resources.colocate:
             rollout.release_memory()
@@ -259,8 +259,10 @@ def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict
     return trainer.train(samples, advantages.advantages, logprobs.logp, logprobs.ref_logp)
 
 
-def rollout_metrics(samples: Sequence[Sample], generate_seconds: float) -> dict[str, float]:
-    rewards = [float(s.reward) if not isinstance(s.reward, dict) else scalar_reward(s) for s in samples]
+def rollout_metrics(
+    samples: Sequence[Sample], generate_seconds: float, reward_key: str | None = None
+) -> dict[str, float]:
+    rewards = [scalar_reward(s, reward_key) for s in samples]
     lengths = [len(s.response_ids) for s in samples]
     n = max(len(samples), 1)
     mean = sum(rewards) / n
