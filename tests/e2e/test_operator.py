@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -427,11 +428,9 @@ def test_runtime_reports_progress_with_its_own_least_privilege_identity(
     assert ready["progress"]["step"] == 3
 
 
-def test_a_cpu_job_really_trains_to_succeeded(
-    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Any
-) -> None:
-    """No entrypoint override: the RayJob runs `rljob-runtime train --config env:RLJOB_JOB` on the
-    local Ray (a random-weight tiny model, two steps), reports progress and checkpoints."""
+def tiny_training_job(tmp_path: Path, name: str, namespace: str, num_rollout: int) -> dict[str, Any]:
+    """An RLTrainingJob running the real runtime (no entrypoint override) on a random-weight tiny
+    model: seconds per step on CPU."""
     from rljob_runtime.models import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
@@ -440,22 +439,67 @@ def test_a_cpu_job_really_trains_to_succeeded(
         "model": {"path": str(model), "dtype": "float32"},
         "data": {"path": str(data), "applyChatTemplate": False},
         "rollout": {"engine": "hf", "batchSize": 2, "nSamplesPerPrompt": 2, "maxResponseLen": 4},
-        "training": {"backend": "torch", "numRollout": 2, "globalBatchSize": 4, "microBatchSize": 2},
+        "training": {
+            "backend": "torch",
+            "numRollout": num_rollout,
+            "globalBatchSize": 4,
+            "microBatchSize": 2,
+        },
         "resources": {
             "device": "cpu",
             "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "1", "memory": "2Gi"},
         },
-        "checkpoint": {"path": str(tmp_path / "ckpt"), "saveInterval": 1},
+        "checkpoint": {"path": str(tmp_path / "ckpt"), "saveInterval": 1, "maxToKeep": 2},
         "faultTolerance": {"engineHealthCheck": {"firstWaitSeconds": 120}},
     }
-    crd.apply(
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": "tiny-grpo", "namespace": namespace},
-            "spec": spec,
-        }
-    )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def reached_step(crd: Any, namespace: str, name: str, step: int) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        st = status(crd, namespace, name)
+        assert st.get("phase") not in ("Failed", "Succeeded"), json.dumps(st, indent=1)
+        return st if (st.get("progress") or {}).get("step", 0) >= step else None
+
+    return check
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line or environment contains ``text`` (ours: same user)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+def ray_job_status(cluster: Any, job_id: str) -> str | None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{cluster.ray_dashboard}/api/jobs/{job_id}", timeout=5) as resp:
+            return json.loads(resp.read())["status"]
+    except OSError:
+        return None
+
+
+def test_a_cpu_job_really_trains_to_succeeded(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Any
+) -> None:
+    """No entrypoint override: the RayJob runs `rljob-runtime train --config env:RLJOB_JOB` on the
+    local Ray (a random-weight tiny model, two steps), reports progress and checkpoints."""
+    crd.apply(tiny_training_job(tmp_path, "tiny-grpo", namespace, num_rollout=2))
     phases: list[str] = []
 
     def finished() -> dict[str, Any] | None:
@@ -471,3 +515,61 @@ def test_a_cpu_job_really_trains_to_succeeded(
     assert progress["stepText"] == "2/2" and progress["lastCheckpointStep"] == 2
     assert (tmp_path / "ckpt" / "iter_0000002" / "complete").exists()
     assert (tmp_path / "ckpt" / "iter_0000002" / "model" / "config.json").exists()
+
+
+def test_operator_killed_mid_training_changes_nothing(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """SIGKILL the operator while the runtime trains, start it again: the same RayJob and Ray job
+    go on (no retry, no second submission) and the job reaches Succeeded with every step done."""
+    total = 12
+    crd.apply(tiny_training_job(tmp_path, "survivor", namespace, num_rollout=total))
+    wait_for("step 2", reached_step(crd, namespace, "survivor", 2), operator, timeout=420)
+    rayjob = crd.get("rayjob", "survivor", namespace)
+    operator.kill()
+    time.sleep(5)  # the runtime keeps training and reporting while no operator runs
+    operator.start()
+    st = wait_for(
+        "Succeeded", in_phase(crd, namespace, "survivor", "Succeeded", "Failed"), operator, timeout=420
+    )
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    after = crd.get("rayjob", "survivor", namespace)
+    assert after["metadata"]["uid"] == rayjob["metadata"]["uid"]
+    assert after["status"]["jobId"] == rayjob["status"]["jobId"]
+    assert after["status"].get("failed", 0) == 0 and not st.get("restarts")
+    assert st["progress"]["stepText"] == f"{total}/{total}"
+    assert ray_job_status(crd, after["status"]["jobId"]) == "SUCCEEDED"
+    described = crd.kubectl("describe", "rljob", "survivor", "-n", namespace).stdout
+    assert "Retrying" not in described, described
+
+
+def test_deleting_a_training_job_stops_the_ray_job_and_removes_its_children(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """`kubectl delete rljob` mid-run: KubeRay stops the Ray job (the runtime's engines, router and
+    trainer processes exit) and garbage collection removes every child."""
+    crd.apply(tiny_training_job(tmp_path, "cancelled", namespace, num_rollout=500))
+    st = wait_for("step 1", reached_step(crd, namespace, "cancelled", 1), operator, timeout=420)
+    job_id = crd.get("rayjob", "cancelled", namespace)["status"]["jobId"]
+    assert ray_job_status(crd, job_id) == "RUNNING"
+    marker = str(tmp_path / "tiny")  # the model path: in the runtime's config and the engines' command lines
+    assert processes_mentioning(marker), "the runtime's processes should be running"
+    crd.kubectl("delete", "rljob", "cancelled", "-n", namespace)
+    for kind, name in [
+        ("rayjob", "cancelled"),
+        ("raycluster", st["children"]["rayCluster"]),
+        ("serviceaccount", "cancelled-runtime"),
+        ("role", "cancelled-runtime"),
+        ("rolebinding", "cancelled-runtime"),
+    ]:
+        wait_for(
+            f"{kind} {name} deleted",
+            lambda k=kind, n=name: crd.get(k, n, namespace) is None or None,
+            operator,
+        )
+    wait_for("the Ray job stopped", lambda: ray_job_status(crd, job_id) == "STOPPED" or None, operator)
+    wait_for(
+        "the runtime's processes gone", lambda: not processes_mentioning(marker) or None, operator, timeout=90
+    )
+    steps_at_stop = status(crd, namespace, "cancelled")
+    assert steps_at_stop == {}  # the job itself is gone

@@ -1,0 +1,363 @@
+"""`make demo` / `make demo-down`: set up what is missing, apply the CPU GRPO demo job, watch it.
+
+Idempotent: a second `make demo` reuses the running control plane and operator, and attaches to a
+demo job that is still running instead of applying it again (a finished one is replaced by a new
+run). Setup steps are serialised by a file lock, so two concurrent runs cannot both apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import curve, manifest, operator_proc, prereqs
+from .kube import Kubectl, KubectlError
+from .watch import TERMINAL, Snapshot, View, clock
+
+REPO = Path(__file__).resolve().parents[2]
+DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
+CACHE = Path(os.environ.get("RLJOB_CACHE", Path.home() / ".cache" / "rljob"))
+JOB_NAME = "grpo-cpu-demo"
+
+
+class DemoError(RuntimeError):
+    """Something the user has to act on; the message says what."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    cluster: str
+    namespace: str
+    ttl_seconds: int | None
+    timeout_s: float
+    poll_s: float
+
+    @property
+    def state_dir(self) -> Path:
+        return CACHE / "demo" / self.cluster
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def done(what: str, detail: str) -> None:
+    say(f"  ✓ {what:<28} {detail}")
+
+
+def home(path: Path | str) -> str:
+    """Paths under $HOME shown with ~ (shorter lines, same meaning in a shell)."""
+    text = str(path)
+    h = str(Path.home())
+    return "~" + text[len(h) :] if text.startswith(h + "/") else text
+
+
+# ---- setup steps ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def setup_lock(settings: Settings) -> Iterator[None]:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / "setup.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            say(f"  … another `make demo` (pid {holder}) is setting up; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def devcluster(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(DEVCLUSTER), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+def cluster_up(settings: Settings) -> Kubectl:
+    status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
+    if status.returncode == 0:
+        detail = "running: reused"
+    else:
+        if not prereqs.binaries_cached():
+            say("  … building the control plane from Go modules (once: about 12 minutes on 2 cores)")
+        t0 = time.monotonic()
+        log = settings.state_dir / "cluster-up.log"
+        up = devcluster("up", f"--name={settings.cluster}", "--recreate", timeout=3600)
+        log.write_text(up.stdout + up.stderr)
+        if up.returncode != 0:
+            raise DemoError(f"the local control plane did not start (log: {home(log)}):\n{up.stderr.strip()}")
+        detail = f"started in {time.monotonic() - t0:.0f} s"
+        status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
+        if status.returncode != 0:
+            raise DemoError(
+                f"the local control plane started but is not healthy:\n{status.stdout}{status.stderr}"
+            )
+    state = json.loads(status.stdout)["state"]
+    done(f"control plane {settings.cluster}", f"{detail} (Kubernetes, kwok nodes, KubeRay, Ray)")
+    return Kubectl(Path(state["kubectl"]), Path(state["kubeconfig"]))
+
+
+def install_crds(kubectl: Kubectl) -> None:
+    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kubectl.run("wait", "--for=condition=Established", "crd/rltrainingjobs.rljob.dev", "--timeout=60s")
+    done("CRD rltrainingjobs.rljob.dev", "applied (server-side)")
+
+
+def ensure_operator(settings: Settings, kubectl: Kubectl) -> None:
+    state_file = settings.state_dir / "operator.json"
+    info = operator_proc.running(state_file)
+    if info:
+        done("operator", f"running: reused (pid {info.pid}, log {home(info.log)})")
+        return
+    info = operator_proc.start(state_file, kubectl.kubeconfig)
+    done("operator", f"started (pid {info.pid}, log {home(info.log)})")
+
+
+def ensure_model(model: str) -> None:
+    from rljob_runtime.models import resolve_model
+
+    t0 = time.monotonic()
+    path = resolve_model(model)
+    took = time.monotonic() - t0
+    done(f"model {Path(model).name}", f"{'converted' if took > 2 else 'cached'} at {home(path)}")
+
+
+def job_phase(job: dict[str, Any] | None) -> str:
+    return str(((job or {}).get("status") or {}).get("phase") or "")
+
+
+def run_dir_of(job: dict[str, Any]) -> Path:
+    """The run directory of a demo job: the parent of its checkpoint path (see manifest.demo_job)."""
+    return Path(job["spec"]["checkpoint"]["path"]).parent
+
+
+def apply_job(settings: Settings, kubectl: Kubectl, example: dict[str, Any]) -> tuple[Path, bool]:
+    """Apply a new run, or attach to the one running. Returns (run directory, attached)."""
+    kubectl.run("create", "namespace", settings.namespace, check=False)
+    existing = kubectl.get("rljob", JOB_NAME, settings.namespace)
+    if existing and job_phase(existing) not in TERMINAL:
+        done(
+            f"job {settings.namespace}/{JOB_NAME}",
+            f"already running ({job_phase(existing) or 'new'}): watching it",
+        )
+        return run_dir_of(existing), True
+    if existing:
+        kubectl.run("delete", "rljob", JOB_NAME, "-n", settings.namespace, "--wait=true", "--timeout=120s")
+        say(f"  … the previous demo run ended {job_phase(existing)}; starting a new run")
+    run_dir = settings.state_dir / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True)
+    job = manifest.demo_job(
+        example, repo=REPO, run_dir=run_dir, namespace=settings.namespace, ttl_seconds=settings.ttl_seconds
+    )
+    (run_dir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    kubectl.run("apply", "-f", "-", input=yaml.safe_dump(job))
+    done(f"job {settings.namespace}/{JOB_NAME}", f"applied ({manifest.EXAMPLE}, run {run_dir.name})")
+    return run_dir, False
+
+
+# ---- watch and summary ----------------------------------------------------------------------------
+
+
+def snapshot(kubectl: Kubectl, namespace: str) -> Snapshot | None:
+    job = kubectl.get("rljob", JOB_NAME, namespace)
+    if job is None:
+        return None
+    table = kubectl.run("get", "rljob", JOB_NAME, "-n", namespace).splitlines()
+    events = kubectl.json(
+        "get", "events", "-n", namespace,
+        "--field-selector", f"involvedObject.kind=RLTrainingJob,involvedObject.name={JOB_NAME}",
+    )["items"]  # fmt: skip
+    # Events of one second tie on their timestamps; resourceVersion orders them as they were written.
+    events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "", _rv(e)))
+    return Snapshot(table=table, status=job.get("status") or {}, events=events)
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def watch(settings: Settings, kubectl: Kubectl) -> Snapshot:
+    say()
+    say(
+        f"Watching `kubectl get rljobs -n {settings.namespace}` (Ctrl-C stops watching; the job keeps running)."
+    )
+    say(
+        f'In another shell:  eval "$(make -s demo-env)"; kubectl describe rljob {JOB_NAME} -n {settings.namespace}'
+    )
+    say()
+    view = View()
+    t0 = time.monotonic()
+    last: Snapshot | None = None
+    while time.monotonic() - t0 < settings.timeout_s:
+        try:
+            snap = snapshot(kubectl, settings.namespace)
+        except KubectlError as exc:  # a blip of the API server: say so, keep watching
+            say(f"{'':6} (kubectl: {exc})")
+            snap = None
+        if snap is None and last is not None:
+            raise DemoError(f"the job {settings.namespace}/{JOB_NAME} was deleted while the demo watched it")
+        if snap is not None:
+            for line in view.update(snap, time.monotonic() - t0):
+                say(line)
+            last = snap
+            if snap.phase in TERMINAL:
+                return snap
+        time.sleep(settings.poll_s)
+    raise DemoError(
+        f"the job did not finish within {clock(settings.timeout_s)}; it keeps running: "
+        f"`kubectl describe rljob {JOB_NAME} -n {settings.namespace}`, operator log {settings.state_dir / 'operator.log'}"
+    )
+
+
+def summary(settings: Settings, kubectl: Kubectl, final: Snapshot, run_dir: Path, started: float) -> int:
+    say()
+    progress = final.progress
+    if final.phase != "Succeeded":
+        lines = final.message.splitlines()
+        shown = "\n".join(["    ...", *lines[-12:]]) if len(lines) > 12 else final.message
+        say(f"✗ The demo job {final.phase} after {clock(time.monotonic() - started)}:\n{shown}")
+        say(f"  events:        kubectl describe rljob {JOB_NAME} -n {settings.namespace}")
+        say(f"  operator log:  {home(settings.state_dir / 'operator.log')}")
+        job_id = ((kubectl.get("rayjob", JOB_NAME, settings.namespace) or {}).get("status") or {}).get(
+            "jobId"
+        )
+        if job_id:
+            say(
+                f'  runtime log:   eval "$(make -s demo-env)"; ray job logs --address $RLJOB_RAY_DASHBOARD {job_id}'
+            )
+        return 1
+    tb = manifest.tensorboard_dir(run_dir)
+    scalars = curve.read_scalars(tb) if tb.is_dir() else {}
+    result = curve.summarize(scalars)
+    png = None
+    if result is not None:
+        png = curve.plot_rewards(
+            scalars, run_dir / "reward.png", title=f"{JOB_NAME}: GRPO on SmolLM2-135M (CPU)"
+        )
+    say(
+        f"✓ Succeeded in {clock(time.monotonic() - started)}: {result.line() if result else 'no reward logged'}"
+    )
+    say()
+    say(f"  checkpoint    {home(progress.get('lastCheckpoint') or run_dir / 'checkpoints')}")
+    say(f"  TensorBoard   tensorboard --logdir {home(tb)}")
+    if png is not None:
+        say(f"  reward curve  {home(png)}")
+    say(
+        f'  events        kubectl describe rljob {JOB_NAME} -n {settings.namespace}   (after: eval "$(make -s demo-env)")'
+    )
+    say("  clean up      make demo-down")
+    return 0
+
+
+# ---- commands -------------------------------------------------------------------------------------
+
+
+def cmd_up(settings: Settings) -> int:
+    started = time.monotonic()
+    example = yaml.safe_load((REPO / manifest.EXAMPLE).read_text())
+    say(f"rljob demo: GRPO on {example['spec']['model']['path']}, learning single-digit addition on CPU")
+    say()
+    with setup_lock(settings):
+        kubectl = cluster_up(settings)
+        install_crds(kubectl)
+        ensure_operator(settings, kubectl)
+        ensure_model(example["spec"]["model"]["path"])
+        run_dir, _ = apply_job(settings, kubectl, example)
+    final = watch(settings, kubectl)
+    return summary(settings, kubectl, final, run_dir, started)
+
+
+def cmd_down(settings: Settings, keep_cluster: bool) -> int:
+    with setup_lock(settings):
+        status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
+        if status.returncode == 0:
+            state = json.loads(status.stdout)["state"]
+            kubectl = Kubectl(Path(state["kubectl"]), Path(state["kubeconfig"]))
+            kubectl.run(
+                "delete", "namespace", settings.namespace, "--ignore-not-found", "--timeout=120s", check=False
+            )
+            done(f"namespace {settings.namespace}", "deleted (the job, its RayJob and Ray cluster)")
+        stopped = operator_proc.stop(settings.state_dir / "operator.json")
+        done("operator", "stopped" if stopped else "was not running")
+        if not keep_cluster:
+            down = devcluster("down", f"--name={settings.cluster}", timeout=600)
+            if down.returncode != 0:
+                raise DemoError(f"devcluster down failed:\n{down.stdout}{down.stderr}")
+            done(f"control plane {settings.cluster}", "stopped")
+    say(f"Run outputs are kept under {home(settings.state_dir / 'runs')}.")
+    return 0
+
+
+def cmd_env(settings: Settings) -> int:
+    env = devcluster("env", f"--name={settings.cluster}", timeout=60)
+    sys.stdout.write(env.stdout)
+    if env.returncode == 0:  # kubectl is on the cluster's PATH line; ray and rljob-runtime are in .venv
+        sys.stdout.write(f'export PATH={REPO / ".venv" / "bin"}:"$PATH"\n')
+    else:
+        sys.stderr.write(env.stderr or f"no running cluster {settings.cluster}: run make demo\n")
+    return env.returncode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rljob_demo", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "env"], nargs="?", default="up")
+    parser.add_argument(
+        "--cluster",
+        default=os.environ.get("RLJOB_CLUSTER", "rljob-dev"),
+        help="local cluster name (default rljob-dev)",
+    )
+    parser.add_argument("--namespace", default=manifest.NAMESPACE, help="namespace of the demo job")
+    parser.add_argument(
+        "--ttl", type=int, default=None, help="override ttlSecondsAfterFinished of the example"
+    )
+    parser.add_argument("--timeout", type=float, default=3600, help="stop watching after this many seconds")
+    parser.add_argument("--poll", type=float, default=2.0, help="seconds between two looks at the job")
+    parser.add_argument("--keep-cluster", action="store_true", help="down: leave the control plane running")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings(args.cluster, args.namespace, args.ttl, args.timeout, args.poll)
+    try:
+        if args.command == "down":
+            return cmd_down(settings, args.keep_cluster)
+        if args.command == "env":
+            return cmd_env(settings)
+        return cmd_up(settings)
+    except DemoError as exc:
+        say(f"\n✗ {exc}")
+        return 1
+    except KeyboardInterrupt:
+        say(
+            "\nStopped watching. The job keeps running: `make demo` watches it again; `make demo-down` removes it."
+        )
+        return 130
