@@ -22,7 +22,20 @@ def _validate(args: argparse.Namespace) -> int:
         more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
         print(f"rljob-runtime: invalid config: {exc.problems[0]}{more}", file=sys.stderr)
         return 2
-    print(f"{config.name or args.config}: valid")
+    if args.prepare:
+        # What `train` checks before it starts Ray: tokenizer, data, reward, hooks.
+        from .driver import RunError, prepare
+
+        try:
+            prepared = prepare(config.spec)
+        except (RunError, ValueError, RuntimeError, OSError) as exc:
+            print(f"rljob-runtime: invalid job: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
+            return 2
+        print(
+            f"{config.name or args.config}: valid; {len(prepared.source)} prompts, {len(prepared.eval_sets)} eval dataset(s)"
+        )
+    else:
+        print(f"{config.name or args.config}: valid")
     for topic, line in describe(config.spec):
         print(f"  {topic:<12}{line}")
     return 0
@@ -89,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a job config with the same rules and messages as the API server.",
     )
     validate.add_argument("--config", "-c", required=True, help="YAML file: an RLTrainingJob or its spec")
+    validate.add_argument(
+        "--prepare",
+        action="store_true",
+        help="also load the tokenizer, the data, the reward and the hooks, as `train` does before it starts Ray",
+    )
     validate.set_defaults(run=_validate)
     train = commands.add_parser(
         "train",
