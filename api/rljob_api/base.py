@@ -103,6 +103,9 @@ ShortText = Annotated[str, Field(max_length=256)]
 Path = Annotated[str, Field(min_length=1, max_length=4096)]
 """A file system path, URL or Hugging Face hub id."""
 
+ImportPath = Annotated[str, Field(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+"""A Python callable as 'package.module:function' (the runtime imports it before starting)."""
+
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
 LabelValue = Annotated[str, Field(max_length=63)]
 

@@ -25,7 +25,8 @@ def describe(spec: RLTrainingJobSpec) -> list[tuple[str, str]]:
         (
             "rollout",
             f"{r.engine} engine, {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {samples} per step, "
-            f"max {r.max_response_len} tokens, temperature {r.temperature:g}",
+            f"max {r.max_response_len} tokens, temperature {r.temperature:g}"
+            + (f", generate hook {r.custom_generate}" if r.custom_generate else ""),
         ),
         (
             "training",

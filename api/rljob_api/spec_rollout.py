@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import ApiModel, section
+from .base import ApiModel, ImportPath, section
 from .rules import immutable
 
 
@@ -83,6 +83,17 @@ class RolloutSpec(ApiModel):
         "{mem-fraction-static: '0.7', context-length: '8192'}; an empty value passes a bare flag.",
     )
     router: RouterSpec = section(RouterSpec, "The sglang-router in front of the engines.")
+    custom_generate: ImportPath | None = Field(
+        default=None,
+        description="A Python generate hook 'package.module:function' that replaces the single /generate call "
+        "per sample, for multi-turn and tool-calling rollouts (slime's --custom-generate-function-path). "
+        "Signature: async def fn(ctx, sample, sampling_params) -> Sample, where ctx.generate(input_ids, "
+        "params) is one /generate call through the router (retried like plain rollouts) and ctx.tokenizer "
+        "is the model's tokenizer. The hook fills sample.response_ids, rollout_logprobs and loss_mask "
+        "(1 on model tokens, 0 on tool output; the helpers append_model_turn / append_tool_turn of "
+        "rljob_runtime.rollout.custom_generate keep them aligned) and a final status. The module must be "
+        "importable by the runtime (e.g. PYTHONPATH in resources.env); it is imported before anything starts.",
+    )
     partial_rollout: bool = Field(
         default=False,
         description="Keep responses aborted at the end of a step (dynamic sampling) and continue them next step.",

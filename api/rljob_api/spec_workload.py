@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from .base import ApiModel, LabelName, Path, ShortText, section
+from .base import ApiModel, ImportPath, LabelName, Path, ShortText, section
 from .rules import Rule, immutable
 
 
@@ -166,7 +166,7 @@ class RewardSpec(ApiModel):
     )
     timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="Timeout of one remote call.")
     max_retries: int = Field(default=3, ge=0, le=100, description="Retries of a failed remote call.")
-    function: Annotated[str, Field(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")] | None = Field(
+    function: ImportPath | None = Field(
         default=None,
         description="For type custom: import path 'package.module:function', sync or async, taking one "
         "sample (or a group when group is true) and returning a float or a dict.",

@@ -26,7 +26,13 @@ def test_example_parses(path: Path) -> None:
 
 def test_the_expected_examples_exist() -> None:
     names = {p.name for p in MANIFESTS}
-    assert {"grpo-job.yaml", "grpo-disaggregated.yaml", "grpo-async.yaml", "grpo-cpu-demo.yaml"} <= names
+    assert {
+        "grpo-job.yaml",
+        "grpo-disaggregated.yaml",
+        "grpo-async.yaml",
+        "grpo-cpu-demo.yaml",
+        "grpo-multiturn-tools.yaml",
+    } <= names
 
 
 def test_grpo_job_is_a_colocated_8_gpu_qwen3_4b_run() -> None:
@@ -54,3 +60,39 @@ def test_cpu_demo_runs_without_gpus() -> None:
     assert spec.rollout.engine == "hf" and spec.training.backend == "torch"
     assert "SmolLM2-135M" in spec.model.path
     assert (EXAMPLES.parents[1] / spec.data.path).exists()
+
+
+def test_multiturn_tools_example_runs_the_calculator_hook_on_cpu() -> None:
+    spec, _ = _load("grpo-multiturn-tools.yaml")
+    assert spec.resources.device == "cpu" and spec.total_gpus() == 0
+    assert spec.rollout.engine == "hf" and spec.training.backend == "torch"
+    assert "SmolLM2-135M" in spec.model.path
+    assert spec.rollout.custom_generate == "calculator_tool:generate"
+    repo = EXAMPLES.parents[1]
+    assert (repo / spec.data.path).exists()
+    # the runtime imports the hook from the PYTHONPATH the manifest gives every container
+    pythonpath = {e.name: e.value for e in spec.resources.env}["PYTHONPATH"]
+    assert pythonpath is not None and (repo / pythonpath / "calculator_tool.py").exists()
+
+
+@pytest.mark.slow  # resolves SmolLM2 (a 15-40 s conversion the first time, then cached)
+def test_multiturn_tools_example_validates_and_prepares(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    from rljob_runtime.cli import main
+    from rljob_runtime.driver import prepare
+
+    path = EXAMPLES / "grpo-multiturn-tools.yaml"
+    assert main(["validate", "-c", str(path)]) == 0
+    assert "generate hook calculator_tool:generate" in capsys.readouterr().out
+    repo = EXAMPLES.parents[1]
+    monkeypatch.chdir(repo)  # relative paths resolve against the working directory
+    monkeypatch.syspath_prepend(str(repo / "examples" / "hooks"))  # what the manifest's PYTHONPATH does
+    spec, _ = _load(path.name)
+    prepared = prepare(spec)
+    assert len(prepared.source) == 64 and prepared.dropped_prompts == 0
+    first = prepared.source.next_batch(1)[0].to_samples(1)[0]
+    assert first.prompt_ids and "<calc>12*7</calc>" in str(first.prompt)
+    assert not ray.is_initialized()

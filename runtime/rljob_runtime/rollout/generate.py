@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +137,41 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], 
         raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
 
 
+async def post_generate(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    *,
+    what: str,
+    retry: RetryPolicy = RetryPolicy(),
+    cancelled: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> tuple[dict[str, Any], int]:
+    """POST ``body`` to ``url``/generate with the retry policy of the module docstring.
+
+    Returns the answer and the number of tries; an abort comes back only while ``cancelled()``.
+    ``what`` names the request in errors and logs (e.g. "sample 3").
+    """
+    failures = aborts = 0
+    while True:
+        try:
+            response = await _post(session, f"{url}/generate", body, retry.request_timeout_s)
+        except _Retryable as exc:
+            failures += 1
+            if failures >= retry.max_attempts:
+                raise GenerationError(f"{what}: {failures} tries failed, the last with {exc}") from None
+            delay = retry.delay(failures)
+            log.info("%s: try %d failed (%s); retrying in %.1f s", what, failures, exc, delay)
+            await sleep(delay)
+            continue
+        if finish_type(response) == "abort" and not cancelled():
+            aborts += 1
+            if aborts > retry.max_abort_retries:
+                raise GenerationError(f"{what}: aborted {aborts} times (weight updates?)")
+            continue
+        return response, failures + aborts + 1
+
+
 async def generate_one(
     session: aiohttp.ClientSession,
     url: str,
@@ -148,29 +183,51 @@ async def generate_one(
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> Sample:
     """One sample through ``url``/generate with the retry policy of the module docstring."""
-    body = request_body(sample, params)
-    failures = aborts = 0
-    while True:
-        try:
-            response = await _post(session, f"{url}/generate", body, retry.request_timeout_s)
-        except _Retryable as exc:
-            failures += 1
-            if failures >= retry.max_attempts:
-                raise GenerationError(
-                    f"sample {sample.index}: {failures} tries failed, the last with {exc}"
-                ) from None
-            delay = retry.delay(failures)
-            log.info("sample %s: try %d failed (%s); retrying in %.1f s", sample.index, failures, exc, delay)
-            await sleep(delay)
-            continue
-        if finish_type(response) == "abort" and not cancelled():
-            aborts += 1
-            if aborts > retry.max_abort_retries:
-                raise GenerationError(f"sample {sample.index}: aborted {aborts} times (weight updates?)")
-            continue
-        apply_response(sample, response)
-        sample.metadata["rollout_tries"] = failures + aborts + 1
-        return sample
+    response, tries = await post_generate(
+        session,
+        url,
+        request_body(sample, params),
+        what=f"sample {sample.index}",
+        retry=retry,
+        cancelled=cancelled,
+        sleep=sleep,
+    )
+    apply_response(sample, response)
+    sample.metadata["rollout_tries"] = tries
+    return sample
+
+
+async def run_bounded(
+    samples: Sequence[Sample],
+    one: Callable[[Sample, aiohttp.ClientSession], Awaitable[Sample]],
+    *,
+    concurrency: int,
+    session: aiohttp.ClientSession | None,
+) -> list[Sample]:
+    """``one(sample, session)`` for every sample, at most ``concurrency`` at once, results in order.
+
+    The first failure cancels the others and is raised as itself (not as an exception group).
+    """
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def bounded(sample: Sample, http: aiohttp.ClientSession) -> Sample:
+        async with semaphore:
+            return await one(sample, http)
+
+    async def run(http: aiohttp.ClientSession) -> list[Sample]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(bounded(sample, http)) for sample in samples]
+        return [task.result() for task in tasks]
+
+    try:
+        if session is not None:
+            return await run(session)
+        # the router multiplexes; keep our connections bounded by the same limit
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            return await run(http)
+    except BaseExceptionGroup as group:  # TaskGroup wraps; callers want the first failure itself
+        raise group.exceptions[0] from None
 
 
 async def generate_samples(
@@ -189,23 +246,8 @@ async def generate_samples(
     """
     for sample in samples:
         request_body(sample, params)  # a bad sample fails before any request is sent
-    semaphore = asyncio.Semaphore(concurrency)
 
     async def one(sample: Sample, http: aiohttp.ClientSession) -> Sample:
-        async with semaphore:
-            return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled)
+        return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled)
 
-    async def run(http: aiohttp.ClientSession) -> list[Sample]:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(sample, http)) for sample in samples]
-        return [task.result() for task in tasks]
-
-    try:
-        if session is not None:
-            return await run(session)
-        # the router multiplexes; keep our connections bounded by the same limit
-        connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            return await run(http)
-    except BaseExceptionGroup as group:  # TaskGroup wraps; callers want the first failure itself
-        raise group.exceptions[0] from None
+    return await run_bounded(samples, one, concurrency=concurrency, session=session)

@@ -31,6 +31,7 @@ import ray
 
 from ..data.sample import Sample
 from . import protocol
+from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options
 from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
 from .router import Router
@@ -108,8 +109,10 @@ class RolloutManager:
         health: HealthCheck | None = None,
         retry: RetryPolicy | None = None,
         concurrency: int = 64,
+        model_path: str | Path | None = None,
     ) -> None:
         self.spec = spec
+        self.model_path = str(model_path) if model_path is not None else None
         self.router = router
         self.engines = engines
         self._actor_kwargs = actor_kwargs
@@ -126,6 +129,9 @@ class RolloutManager:
         self._health_paused = False
         self._cancelling = False
         self._generations: set[asyncio.Task[Any]] = set()
+        self._hook: Hook | None = None  # rollout.customGenerate, loaded on first use
+        self._tokenizer: Any = None
+        self._hook_lock = threading.Lock()  # generate_async may be called from several driver threads
         self._replacements: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-manager", daemon=True)
@@ -212,6 +218,7 @@ class RolloutManager:
             health=health,
             retry=retry,
             concurrency=concurrency,
+            model_path=model_path,
         )
 
     def _new_actor(self, engine: Engine) -> Any:
@@ -289,7 +296,27 @@ class RolloutManager:
         """Like ``generate`` but returns at once (async training overlaps the next rollout)."""
         self._raise_if_failed()
         params = sampling_params_from_spec(self.spec.rollout, **sampling_overrides)
+        self._load_hook()  # here, on the caller's thread: importing must not block the loop
         return self._submit(self._generate(list(samples), params))
+
+    def _load_hook(self) -> None:
+        """Import rollout.customGenerate and load the tokenizer it gets, once."""
+        path = self.spec.rollout.custom_generate
+        if not path or self._hook is not None:
+            return
+        with self._hook_lock:
+            if self._hook is not None:
+                return
+            hook = load_hook(path)
+            source = self.spec.model.tokenizer or self.model_path
+            if source is None:
+                raise RolloutError(
+                    f"rollout.customGenerate {path!r}: no model path to load the tokenizer from"
+                )
+            from transformers import AutoTokenizer  # heavy: only runs with a hook
+
+            self._tokenizer = AutoTokenizer.from_pretrained(source)
+            self._hook = hook
 
     async def _generate(self, samples: list[Sample], params: dict[str, Any]) -> list[Sample]:
         task = asyncio.current_task()
@@ -297,6 +324,19 @@ class RolloutManager:
         self._generations.add(task)
         self._cancelling = False
         try:
+            if self._hook is not None:
+                return await generate_samples_with_hook(
+                    self._hook,
+                    self.router.url,
+                    samples,
+                    params,
+                    tokenizer=self._tokenizer,
+                    spec=self.spec,
+                    concurrency=self.concurrency,
+                    retry=self.retry,
+                    cancelled=lambda: self._cancelling,
+                    session=await self._http(),
+                )
             return await generate_samples(
                 self.router.url,
                 samples,

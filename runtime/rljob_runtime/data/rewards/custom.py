@@ -17,20 +17,22 @@ from ..sample import Sample
 from .base import RewardError, RewardFunction, run_in_daemon_thread, store
 
 
-def import_function(path: str) -> Callable[..., Any]:
-    """The callable named by 'pkg.mod:fn'; errors name the path and what is wrong."""
+def import_function(
+    path: str, *, field: str = "reward.function", error: type[Exception] = RewardError
+) -> Callable[..., Any]:
+    """The callable named by 'pkg.mod:fn'; errors (``error``) name ``field``, the path and what is wrong."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise RewardError(f"reward.function {path!r}: expected 'package.module:function'")
+        raise error(f"{field} {path!r}: expected 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise RewardError(f"reward.function {path!r}: cannot import module {module_name!r}: {exc!r}") from exc
+        raise error(f"{field} {path!r}: cannot import module {module_name!r}: {exc!r}") from exc
     fn = getattr(module, attr, None)
     if fn is None:
-        raise RewardError(f"reward.function {path!r}: module {module_name!r} has no attribute {attr!r}")
+        raise error(f"{field} {path!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(fn):
-        raise RewardError(f"reward.function {path!r}: {attr!r} is a {type(fn).__name__}, not callable")
+        raise error(f"{field} {path!r}: {attr!r} is a {type(fn).__name__}, not callable")
     return fn
 
 
