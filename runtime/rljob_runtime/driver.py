@@ -4,6 +4,8 @@ router, score, compute advantages, train, push weights, save on interval, report
 Everything that can be wrong with the config or the data is checked in `prepare` before Ray
 starts (no GPU is taken for a run that cannot work). Async mode overlaps the generation of step
 k+1 with training on step k (one step off-policy); weights are pushed between generations only.
+Dynamic sampling (DAPO) replaces the plain generation of a step with rounds of over-sampled
+prompts whose zero-variance groups are dropped (``dynamic_rollout``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -28,6 +31,8 @@ from .data.rewards.build import build_reward, reward_needs_label
 from .data.sample import Sample, Status
 from .models import resolve_model
 from .report import JobIdentity, ProgressReporter
+from .rollout.custom_generate import load_hook
+from .step_rollout import StepRollout, next_rollout_async, step_rollout
 from .sync import WeightSync, check_supported
 
 log = logging.getLogger("rljob.driver")
@@ -73,16 +78,17 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
         unsupported.append("training.backend megatron (needs the GPU backend)")
     if spec.rollout.engine != "hf":
         unsupported.append("rollout.engine sglang (needs GPUs)")
-    if spec.algorithm.dynamic_sampling.enabled:
-        unsupported.append("algorithm.dynamicSampling")
-    if spec.algorithm.advantage_estimator == "ppo":
-        unsupported.append("advantageEstimator ppo (no critic yet)")
     if spec.rollout.partial_rollout:
         unsupported.append("rollout.partialRollout")
     if spec.rollout.async_.enabled and spec.rollout.async_.buffer_size > 1:
         unsupported.append("rollout.async.bufferSize > 1 (one rollout in flight, one step off-policy)")
     if unsupported:
         raise RunError("not supported by this runtime yet: " + "; ".join(unsupported))
+    if spec.algorithm.dynamic_sampling.enabled and spec.rollout.n_samples_per_prompt < 2:
+        raise RunError(
+            "algorithm.dynamicSampling needs rollout.nSamplesPerPrompt >= 2: a group of one sample has no "
+            "reward variance, so every group would be dropped"
+        )
     check_supported(spec)
     steps_per_rollout(
         spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
@@ -103,6 +109,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
         spec.data, tokenizer=tokenizer, chat_template=spec.model.chat_template, require_label=needs_label
     )
     reward = build_reward(spec.reward)
+    if spec.rollout.custom_generate:  # import and check the hook now, not after the engines started
+        load_hook(spec.rollout.custom_generate)
     return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long)
 
 
@@ -156,7 +164,6 @@ def unwind_on_sigterm() -> None:
     """SIGTERM (KubeRay stopping the job, a pod going away) unwinds like Ctrl-C, so the finally
     blocks stop the engines, the router, the trainer actors and a Ray we started."""
     import signal
-    import threading
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -182,8 +189,8 @@ def _loop(
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
     async_mode = spec.rollout.async_.enabled
-    pending: Future[list[Sample]] | None = None
-    if buffered:
+    pending: Future[StepRollout] | None = None
+    if buffered is not None:
         pending = Future()
         pending.set_result(buffered)  # the in-flight rollout saved by the last checkpoint
     for step in range(start, total):
@@ -192,18 +199,23 @@ def _loop(
         t_step = time.perf_counter()
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
-        samples = pending.result() if pending is not None else rollout.generate(_next_samples(prepared))
+        batch = pending.result() if pending is not None else step_rollout(prepared, rollout)
+        pending = None  # consumed: a checkpoint of the last step must not save it as in flight
         metrics["time/generate"] = time.perf_counter() - t0
         if async_mode and step + 1 < total:
-            pending = rollout.generate_async(_next_samples(prepared))  # step k+1 overlaps training on step k
-        t0 = time.perf_counter()
-        asyncio.run(prepared.reward.score(samples))
-        metrics["time/reward"] = time.perf_counter() - t0
-        metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
+            pending = next_rollout_async(prepared, rollout)  # step k+1 overlaps training on step k
+        samples = batch.samples
+        metrics.update(batch.metrics)
+        if any(s.reward is None for s in samples):  # dynamic sampling scored them as they came
+            t0 = time.perf_counter()
+            asyncio.run(prepared.reward.score(samples))
+            metrics["time/reward"] = time.perf_counter() - t0
+        if samples:
+            metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
         t0 = time.perf_counter()
         if spec.resources.colocate:
             rollout.release_memory()
-        train_metrics = _train(spec, trainer, samples)
+        train_metrics = _train(spec, trainer, samples) if samples else {"skipped_rollout": 1.0}
         if spec.resources.colocate:
             rollout.resume_memory()
         metrics["time/train"] = time.perf_counter() - t0
@@ -219,13 +231,15 @@ def _loop(
             t0 = time.perf_counter()
             # Async mode: the next step's rollout is already in flight; its prompts have left the
             # data source, so the generated samples are saved with the checkpoint (none is lost).
-            buffer = pending.result() if pending is not None else []
+            buffer = pending.result() if pending is not None else None
             path = _save(prepared, trainer, ckpt_root, done, rng, buffer)
             metrics["time/save"] = time.perf_counter() - t0
             checkpoint = (done, str(path))
             result.last_checkpoint = str(path)
         eval_rewards = None
         if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
+            if pending is not None:
+                pending.result()  # a dynamic-sampling round in flight would abort the eval requests
             eval_rewards = evaluate(prepared, rollout)
             metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
         metrics["time/step"] = time.perf_counter() - t_step
@@ -236,18 +250,11 @@ def _loop(
     return result
 
 
-def _next_samples(prepared: Prepared) -> list[Sample]:
-    n = prepared.spec.rollout.n_samples_per_prompt
-    samples: list[Sample] = []
-    for prompt in prepared.source.next_batch(prepared.spec.rollout.batch_size):
-        samples.extend(prompt.to_samples(n, first_index=len(samples)))
-    return samples
-
-
 def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict[str, float]:
     import torch
 
     from .algo.advantages import compute_advantages
+    from .algo.masked import masked_explained_variance
     from .trainer.base import build_batch
 
     logprobs = trainer.logprobs(samples)
@@ -255,8 +262,21 @@ def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict
     mask = mask[:, : logprobs.logp.shape[1]]
     rewards = torch.tensor([scalar_reward(s, spec.reward.reward_key) for s in samples], dtype=torch.float32)
     kl = None if logprobs.ref_logp is None else (logprobs.logp - logprobs.ref_logp) * mask
-    advantages = compute_advantages(spec.algorithm, rewards, mask, spec.rollout.n_samples_per_prompt, kl=kl)
-    return trainer.train(samples, advantages.advantages, logprobs.logp, logprobs.ref_logp)
+    advantages = compute_advantages(
+        spec.algorithm, rewards, mask, spec.rollout.n_samples_per_prompt, kl=kl, values=logprobs.values
+    )
+    metrics = trainer.train(
+        samples,
+        advantages.advantages,
+        logprobs.logp,
+        logprobs.ref_logp,
+        values=logprobs.values,
+        returns=advantages.returns,
+    )
+    if logprobs.values is not None and advantages.returns is not None:
+        # How much of the returns' variance the critic explained before this step's update.
+        metrics["value_explained_var"] = masked_explained_variance(logprobs.values, advantages.returns, mask)
+    return metrics
 
 
 def rollout_metrics(
@@ -296,7 +316,12 @@ def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
 
 
 def _save(
-    prepared: Prepared, trainer: Any, root: Path, step: int, rng: random.Random, buffer: list[Sample]
+    prepared: Prepared,
+    trainer: Any,
+    root: Path,
+    step: int,
+    rng: random.Random,
+    buffer: StepRollout | None,
 ) -> Path:
     directory = store.iteration_dir(root, step)
     directory.mkdir(parents=True, exist_ok=True)
@@ -308,7 +333,9 @@ def _save(
             "data": prepared.source.state_dict(),
             "rng": list(rng.getstate()[1]),
             "rng_version": rng.getstate()[0],
-            "rollout_buffer": [sample.to_dict() for sample in buffer],
+            "rollout_buffer": [sample.to_dict() for sample in buffer.samples] if buffer else [],
+            "rollout_buffer_metrics": buffer.metrics if buffer else {},
+            "rollout_buffered": buffer is not None,
         },
     )
     store.mark_complete(directory)
@@ -318,7 +345,7 @@ def _save(
 
 def _resume(
     prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random, sync: WeightSync
-) -> tuple[int, str | None, list[Sample]]:
+) -> tuple[int, str | None, StepRollout | None]:
     policy = options.resume or prepared.spec.checkpoint.resume
     found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
     if found is None:
@@ -326,12 +353,15 @@ def _resume(
             raise RunError(
                 f"checkpoint.resume is required but there is no complete checkpoint under {prepared.spec.checkpoint.path}"
             )
-        return 0, None, []
+        return 0, None, None
     step, directory = found
     trainer.load(str(directory))
     state = store.read_driver_state(directory)
     prepared.source.load_state_dict(state["data"])
     rng.setstate((state["rng_version"], tuple(state["rng"]), None))
     sync.push(trainer, rollout, version=step)
-    buffer = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
+    samples = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
+    # A buffered rollout may be empty (dynamic sampling that kept no whole global batch).
+    buffered = state.get("rollout_buffered", bool(samples))
+    buffer = StepRollout(samples, dict(state.get("rollout_buffer_metrics", {}))) if buffered else None
     return step, str(directory), buffer

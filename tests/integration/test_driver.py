@@ -1,9 +1,10 @@
 """The whole loop on a local Ray: a random-weight tiny model, two hf engines behind the real
 sglang-router, two torch trainer ranks (gloo), weight pushes after every step, checkpoints,
-TensorBoard, resume. Colocated and disaggregated."""
+TensorBoard, resume. Colocated and disaggregated; dynamic sampling; ppo with a critic."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from rljob_api.resource import parse_spec
 from rljob_runtime.checkpoint import store
+from rljob_runtime.data.sample import Sample
 from rljob_runtime.driver import RunOptions, prepare, run
 from rljob_runtime.models import make_tiny_model
 
@@ -90,6 +92,74 @@ def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(
     assert len(state["rollout_buffer"]) == 8
     rest = run(prepare(spec(tmp_path / "resumed")), RunOptions())
     assert first.batches + rest.batches == full.batches
+
+
+class OddPromptsSignal:
+    """A reward where only odd prompt rows can be learned from: their groups score [1, 0, ...], the
+    even rows' groups all 0 (zero variance: dynamic sampling drops them)."""
+
+    async def score(self, samples: list[Sample]) -> list[float]:
+        for position, sample in enumerate(samples):
+            odd = (sample.group_index or 0) % 2 == 1
+            sample.reward = 1.0 if odd and position % 2 == 0 else 0.0
+        return [float(s.reward) for s in samples]  # type: ignore[arg-type]
+
+
+def test_async_dynamic_sampling_trains_on_groups_with_signal_and_resumes(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    spec = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
+    spec.training.num_rollout = 2
+    spec.rollout.async_.enabled = True
+    spec.algorithm.dynamic_sampling.enabled = True
+    spec.algorithm.dynamic_sampling.over_sampling_batch_size = 8
+    spec.algorithm.dynamic_sampling.max_rounds = 8
+
+    def prepared() -> Any:
+        p = prepare(spec)
+        p.reward = OddPromptsSignal()  # scored one group at a time: group positions are samples' positions
+        return p
+
+    first = run(prepared(), RunOptions(stop_after=1))
+    state = store.read_driver_state(store.iteration_dir(tmp_path / "ckpt", 1))
+    buffered = [Sample.from_dict(d) for d in state["rollout_buffer"]]  # step 2, kept while step 1 trained
+    rest = run(prepared(), RunOptions())
+    assert rest.steps_done == 2
+    history = first.history + rest.history
+    for metrics, groups in zip(history, first.batches + rest.batches, strict=True):
+        assert (
+            metrics["dynamic_sampling/groups_kept"] == 4 and metrics["dynamic_sampling/groups_trained"] == 4
+        )
+        assert len(groups) == 4 and all(g % 2 == 1 for g in groups)  # every trained group has variance
+        assert metrics["reward/mean"] == 0.5  # each kept group scores [1, 0]
+        assert metrics["train/tokens"] > 0
+    assert sum(m["dynamic_sampling/groups_dropped"] for m in history) > 0
+    assert rest.batches[0] == sorted({s.group_index for s in buffered})  # the buffered rollout, as saved
+    assert all(s.reward is not None for s in buffered) and len(buffered) == 8
+    assert rest.history[0]["dynamic_sampling/groups_kept"] == 4  # its metrics came back with it
+
+
+def test_ppo_with_a_critic_checkpoints_and_resumes(model_dir: Path, tmp_path: Path) -> None:
+    spec = spec_for(model_dir, tmp_path / "ckpt")
+    spec.training.num_rollout = 2
+    spec.algorithm.advantage_estimator = "ppo"
+    spec.algorithm.critic.lr = 1e-3
+
+    def prepared() -> Any:
+        p = prepare(spec)
+        p.reward = OddPromptsSignal()  # the random model never answers right: give the critic a target
+        return p
+
+    first = run(prepared(), RunOptions(stop_after=1))
+    assert (store.iteration_dir(tmp_path / "ckpt", 1) / "critic" / "model.safetensors").is_file()
+    rest = run(prepared(), RunOptions())
+    assert first.steps_done == 1 and rest.steps_done == 2 and len(rest.history) == 1
+    for metrics in first.history + rest.history:
+        for key in ("train/value_loss", "train/value_clipfrac", "train/value_explained_var", "train/pg_loss"):
+            assert math.isfinite(metrics[key]), key
+        assert metrics["train/value_loss"] > 0
+    assert first.history[0]["train/ppo_kl"] == 0.0 and first.history[0]["train/value_clipfrac"] == 0.0
+    assert (store.iteration_dir(tmp_path / "ckpt", 2) / "critic" / "model.safetensors").is_file()
 
 
 def test_bad_config_fails_before_ray_starts(model_dir: Path, tmp_path: Path) -> None:
@@ -190,6 +260,12 @@ def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path
     spec = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
     spec.rollout.async_.enabled = True
     spec.rollout.async_.buffer_size = 3
+    spec.rollout.partial_rollout = True
+    with pytest.raises(RunError, match=r"rollout\.partialRollout; .*rollout\.async\.bufferSize > 1"):
+        prepare(spec)
+    spec.rollout.async_.buffer_size = 1
+    spec.rollout.partial_rollout = False
     spec.algorithm.dynamic_sampling.enabled = True
-    with pytest.raises(RunError, match=r"algorithm\.dynamicSampling; .*rollout\.async\.bufferSize > 1"):
+    spec.rollout.n_samples_per_prompt = 1
+    with pytest.raises(RunError, match=r"dynamicSampling needs rollout\.nSamplesPerPrompt >= 2"):
         prepare(spec)

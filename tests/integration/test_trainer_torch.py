@@ -1,6 +1,7 @@
 """The torch trainer backend as Ray actors: 2 data-parallel ranks (gloo) on a local Ray, random
-2-layer model. One module-scoped run does everything once (two trainer groups: a run that saves a
-checkpoint and goes on, then a fresh group that resumes from it); the tests check its record.
+2-layer model. One module-scoped run does everything once (three trainer groups: a run that saves a
+checkpoint and goes on, a fresh group that resumes from it, and a ppo step with a critic); the tests
+check its record.
 
 Every Ray process is stopped in the fixture's teardown, also when a test fails.
 """
@@ -19,6 +20,7 @@ import torch
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime import placement
+from rljob_runtime.algo.advantages import compute_advantages
 from rljob_runtime.data.sample import Sample
 from rljob_runtime.models import make_tiny_model
 from rljob_runtime.trainer.base import LogProbs, build_batch
@@ -91,6 +93,9 @@ class Record:
     resumed_step2: dict[str, float] = field(default_factory=dict)
     resumed_weights2: list[dict[str, torch.Tensor]] = field(default_factory=list)
     checkpoint: Path | None = None
+    ppo_step: dict[str, float] = field(default_factory=dict)
+    ppo_values: LogProbs | None = None
+    critic_weights: list[dict[str, torch.Tensor]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)
 
@@ -140,6 +145,28 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Record]:
         record.resumed_step2 = resumed.train(rollout2, advantages(rollout2), record.resumed_logprobs.logp)
         record.resumed_weights2 = rank_weights(resumed)
         resumed.shutdown()
+
+        ppo_spec = make_spec(model)
+        ppo_spec.algorithm.advantage_estimator = "ppo"
+        ppo = TrainerGroup.create(ppo_spec, str(model), slots, dist_timeout_s=120)
+        groups.append(ppo)
+        record.pids += rank_pids(ppo)
+        record.ppo_values = ppo.logprobs(rollout1)
+        mask = build_batch(rollout1).loss_mask
+        adv = compute_advantages(
+            ppo_spec.algorithm, torch.tensor(ADV), mask, 2, values=record.ppo_values.values
+        )
+        record.ppo_step = ppo.train(
+            rollout1,
+            adv.advantages,
+            record.ppo_values.logp,
+            values=record.ppo_values.values,
+            returns=adv.returns,
+        )
+        record.critic_weights = ray.get(
+            [a.__ray_call__.remote(lambda rank: rank.critic.state_dict()) for a in ppo.actors]
+        )
+        ppo.shutdown()
         yield record
     finally:
         for group in groups:
@@ -196,9 +223,20 @@ def test_resume_continues_bit_for_bit(run: Record) -> None:
             assert torch.equal(weights[name], run.weights2[name]), name
 
 
+def test_ppo_critic_is_data_parallel(run: Record) -> None:
+    """The critic's values come back in the samples' order and both ranks' critics stay identical."""
+    assert run.ppo_values is not None and run.ppo_values.values is not None
+    assert run.ppo_values.values.shape == run.ppo_values.logp.shape
+    assert run.ppo_step["value_clipfrac"] == 0.0 and run.ppo_step["value_loss"] > 0
+    rank0, rank1 = run.critic_weights
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    assert torch.any(rank0["score.weight"] != 0)  # the zero-initialised head took a step
+
+
 def test_no_orphan_processes(run: Record) -> None:
-    """Both groups' rank processes are gone once shut down."""
-    assert len(run.pids) == 4
+    """Every group's rank processes are gone once shut down."""
+    assert len(run.pids) == 6
     deadline = time.monotonic() + 15
     alive = run.pids
     while alive and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from rljob_runtime.algo.advantages import (
     reinforce_plus_plus_baseline_advantages,
     token_rewards,
 )
-from rljob_runtime.algo.masked import masked_whiten
+from rljob_runtime.algo.masked import masked_explained_variance, masked_whiten
 
 EPS = 1e-6
 
@@ -136,3 +136,28 @@ def test_compute_advantages_dispatch(estimator: str) -> None:
 def test_ppo_needs_values() -> None:
     with pytest.raises(ValueError, match="critic's values"):
         compute_advantages(AlgorithmSpec(advantageEstimator="ppo"), torch.zeros(2), torch.ones(2, 1), 2)
+
+
+def test_gae_skips_masked_out_tokens() -> None:
+    # token 1 is a tool output (mask 0): no step, no value; token 3 is padding
+    values = torch.tensor([[0.2, 5.0, 0.4, 7.0]])
+    mask = torch.tensor([[1, 0, 1, 0]])
+    r = token_rewards(torch.tensor([1.0]), mask, None, 0.0)  # reward on token 2
+    adv, ret = gae(r, values, mask, gamma=0.5, lam=0.5)
+    # delta2 = 1 - 0.4 = 0.6; A2 = 0.6
+    # delta0 = 0.5 * 0.4 - 0.2 = 0.0; A0 = 0 + 0.25 * 0.6 = 0.15
+    assert torch.allclose(adv, torch.tensor([[0.15, 0.0, 0.6, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[0.35, 0.0, 1.0, 0.0]]))
+
+
+def test_explained_variance() -> None:
+    returns = torch.tensor([[1.0, 2.0, 3.0, 99.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert masked_explained_variance(returns, returns, mask) == 1.0  # a perfect critic
+    assert masked_explained_variance(torch.full_like(returns, 2.0), returns, mask) == 0.0  # the mean
+    # a constant offset is no error in variance: errors = returns - 0 vary as the returns -> 0
+    assert masked_explained_variance(torch.zeros(1, 4), returns, mask) == pytest.approx(0.0)
+    # values [1, 2, 2]: errors [0, 0, 1], Var = 2/9; 1 - (2/9) / (2/3) = 2/3
+    values = torch.tensor([[1.0, 2.0, 2.0, 0.0]])
+    assert masked_explained_variance(values, returns, mask) == pytest.approx(2 / 3)
+    assert masked_explained_variance(values, torch.ones(1, 4), mask) == 0.0  # returns do not vary

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from rljob_api.spec_algorithm import AlgorithmSpec, DynamicSamplingSpec
-from rljob_runtime.algo.batching import micro_batch_slices, optimizer_step_slices, steps_per_rollout
+from rljob_runtime.algo.batching import (
+    micro_batch_slices,
+    optimizer_step_slices,
+    steps_per_rollout,
+    trainable_groups,
+)
 from rljob_runtime.algo.dynamic_sampling import DynamicSampler, filter_groups, has_signal
 from rljob_runtime.algo.losses import policy_loss
 
@@ -91,3 +96,24 @@ def test_dynamic_sampler_from_spec_and_disabled() -> None:
     for i in range(32):
         assert off.add_group(i, [1.0, 1.0])  # zero-variance groups are kept when disabled
     assert off.done
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "gbs", "trained"),
+    [
+        (4, 2, 8, 4),  # a full rollout: 8 samples, one global batch
+        (3, 2, 8, 0),  # 6 samples fill no global batch of 8
+        (5, 2, 4, 4),  # 10 samples -> 2 global batches of 4 = 4 groups
+        (7, 3, 4, 4),  # groups of 3 fill global batches of 4 only 4 groups (12 samples) at a time
+        (2, 8, 4, 2),  # a group spans 2 global batches
+        (0, 4, 4, 0),
+    ],
+)
+def test_trainable_groups_fill_whole_global_batches(groups: int, n: int, gbs: int, trained: int) -> None:
+    assert trainable_groups(groups, n, gbs) == trained
+    assert trained * n % gbs == 0
+
+
+def test_trainable_groups_refuses_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="bad sizes"):
+        trainable_groups(1, 0, 4)

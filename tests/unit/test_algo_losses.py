@@ -169,3 +169,17 @@ def test_value_loss_clipping() -> None:
     assert loss.item() == pytest.approx(1.0225) and m["value_clipfrac"].item() == 0.5
     loss.backward()
     assert values.grad.tolist() == [[0.0, pytest.approx(1.0)]]  # the clipped token has no gradient
+
+
+def test_value_loss_masked_sample_reduction_with_a_global_denominator() -> None:
+    # On-policy (values == old values): nothing is clipped; sample reduction over the masked tokens.
+    values = torch.tensor([[1.0, 3.0, 8.0], [2.0, 0.0, 0.0]])
+    returns = torch.tensor([[0.0, 1.0, 0.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # squared errors: sample 0 [1, 4] -> mean 2.5; sample 1 [4] -> 4; 0.5 * (2.5 + 4) / 2 = 1.625
+    loss, m = value_loss(values, values, returns, mask, value_clip=0.2, reduction="sample")
+    assert loss.item() == pytest.approx(1.625) and m["value_clipfrac"].item() == 0.0
+    assert m["value_mean"].item() == pytest.approx(2.0)  # (1 + 3 + 2) / 3, padding ignored
+    # as one micro-batch of a global batch of 4 samples: the sum is divided by 4
+    part, _ = value_loss(values, values, returns, mask, value_clip=0.2, reduction="sample", denominator=4)
+    assert part.item() == pytest.approx(0.5 * 6.5 / 4)

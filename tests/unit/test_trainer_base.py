@@ -191,3 +191,24 @@ def test_train_batch_is_a_dataclass_of_tensors() -> None:
     moved = build_batch(samples()).to("cpu")
     assert isinstance(moved, TrainBatch)
     assert moved.input_ids.device.type == "cpu"
+
+
+def test_group_takes_a_full_rollout_or_fewer_whole_global_batches() -> None:
+    from rljob_api.spec import RLTrainingJobSpec
+    from rljob_runtime.trainer.group import TrainerGroup
+
+    spec = RLTrainingJobSpec.model_validate(
+        {
+            "model": {"path": "/unused"},
+            "data": {"path": "/unused.jsonl"},
+            "rollout": {"engine": "hf", "batchSize": 4, "nSamplesPerPrompt": 2},
+            "training": {"backend": "torch", "globalBatchSize": 4, "microBatchSize": 1},
+            "resources": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},
+        }
+    )
+    group = TrainerGroup(spec, actors=[])
+    for n in (8, 4):  # the rollout; dynamic sampling out of rounds with one global batch
+        group._check_identity([Sample()] * n)
+    for n in (0, 6, 12):
+        with pytest.raises(ValueError, match="fewer whole global batches of 4"):
+            group._check_identity([Sample()] * n)

@@ -3,6 +3,8 @@ and the split of a rollout into optimizer steps and micro-batches."""
 
 from __future__ import annotations
 
+import math
+
 
 def steps_per_rollout(rollout_batch_size: int, n_samples_per_prompt: int, global_batch_size: int) -> int:
     """Optimizer steps one rollout feeds; the spec rules guarantee it divides evenly."""
@@ -35,3 +37,13 @@ def micro_batch_slices(
     per_rank = global_batch_size // dp_size
     start = dp_rank * per_rank
     return [slice(i, i + micro_batch_size) for i in range(start, start + per_rank, micro_batch_size)]
+
+
+def trainable_groups(num_groups: int, group_size: int, global_batch_size: int) -> int:
+    """The most of ``num_groups`` whole groups that fill whole global batches (dynamic sampling out of
+    rounds trains on fewer groups than rollout.batchSize: whole groups keep GRPO's statistics, whole
+    global batches keep every optimizer step the size the learning rate was tuned for)."""
+    if num_groups < 0 or group_size < 1 or global_batch_size < 1:
+        raise ValueError(f"bad sizes: {num_groups} groups of {group_size}, global batch {global_batch_size}")
+    unit = global_batch_size // math.gcd(global_batch_size, group_size)  # groups per whole global batch
+    return num_groups // unit * unit

@@ -43,3 +43,15 @@ def reduce_loss(
         count = (mask.sum(-1) > 0).sum().clamp(min=1) if denominator is None else denominator
         return per_sample.sum() / count
     raise ValueError(f"unknown loss reduction {reduction!r}; expected sample or token")
+
+
+def masked_explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over masked elements: 1 is a perfect critic, 0 one that
+    predicts the mean, negative worse than that; 0 when the returns do not vary."""
+    mask = mask.float()
+    var_returns = masked_mean((returns - masked_mean(returns, mask)).square(), mask)
+    if float(var_returns) <= 0.0:
+        return 0.0
+    err = returns - values
+    var_err = masked_mean((err - masked_mean(err, mask)).square(), mask)
+    return float(1.0 - var_err / var_returns)

@@ -255,6 +255,7 @@ class LogProbs:
     logp: torch.Tensor  # the policy's log-probs (old_logp for the next train call)
     ref_logp: torch.Tensor | None  # the frozen reference model's, when it exists (KL loss / klCoef)
     entropy: torch.Tensor | None  # the policy's entropy per token
+    values: torch.Tensor | None = None  # the critic's V before each response token (ppo only)
 
 
 # ------------------------------------------------------------------------------------ the interfaces
@@ -278,8 +279,15 @@ class TrainerBackend(Protocol):
         advantages: torch.Tensor,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
+        *,
+        values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
     ) -> Metrics:
-        """One rollout's optimizer steps; returns metrics averaged over them."""
+        """One rollout's optimizer steps; returns metrics averaged over them. ``values`` (the critic's,
+        from ``logprobs``) and ``returns`` (GAE's) train the critic (advantageEstimator ppo).
+
+        ``samples`` is a whole number of global batches, at most rollout.batchSize groups (dynamic
+        sampling may bring fewer); each global batch is one optimizer step."""
         ...
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
@@ -287,7 +295,7 @@ class TrainerBackend(Protocol):
         ...
 
     def save(self, path: str) -> None:
-        """Checkpoint model, optimizer, schedule and RNG state under ``path``."""
+        """Checkpoint model (and critic), optimizers, schedule and RNG state under ``path``."""
         ...
 
     def load(self, path: str) -> None:
@@ -318,6 +326,9 @@ class TrainerRank(Protocol):
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
         denominators: Sequence[float] | None = None,
+        *,
+        values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
     ) -> Metrics: ...
 
     def named_tensors(self) -> dict[str, torch.Tensor]: ...

@@ -103,12 +103,16 @@ class TrainerGroup:
     # -------------------------------------------------------------------------------- sharding
 
     def _check_identity(self, samples: Sequence[Sample]) -> None:
+        """A rollout is rollout.batchSize * nSamplesPerPrompt samples, or (dynamic sampling out of
+        rounds) fewer whole global batches: one optimizer step each."""
         rollout = self.spec.rollout
         expected = rollout.batch_size * rollout.n_samples_per_prompt
-        if len(samples) != expected:
+        gbs = self.spec.training.global_batch_size
+        if not samples or len(samples) > expected or len(samples) % gbs:
             raise ValueError(
                 f"got {len(samples)} samples; a rollout is rollout.batchSize * nSamplesPerPrompt = "
-                f"{rollout.batch_size} * {rollout.n_samples_per_prompt} = {expected}"
+                f"{rollout.batch_size} * {rollout.n_samples_per_prompt} = {expected}, or fewer whole "
+                f"global batches of {gbs}"
             )
 
     def _shards(self, n: int) -> list[list[int]]:
@@ -140,7 +144,12 @@ class TrainerGroup:
 
         logp = assemble([r.logp for r in results])
         assert logp is not None
-        return LogProbs(logp, assemble([r.ref_logp for r in results]), assemble([r.entropy for r in results]))
+        return LogProbs(
+            logp,
+            assemble([r.ref_logp for r in results]),
+            assemble([r.entropy for r in results]),
+            assemble([r.values for r in results]),
+        )
 
     def train(
         self,
@@ -148,14 +157,20 @@ class TrainerGroup:
         advantages: torch.Tensor,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
+        *,
+        values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
     ) -> Metrics:
-        """One rollout: steps_per_rollout optimizer steps; metrics averaged over them (all ranks agree)."""
+        """One optimizer step per global batch of the rollout; metrics averaged over the steps (all
+        ranks agree). ``values`` / ``returns`` train the critic (ppo)."""
         self._check_identity(samples)
         full = build_batch(samples)
         advantages = check_per_token("advantages", advantages, full)
         old_logp = check_per_token("old_logp", old_logp, full)
-        if ref_logp is not None:
-            ref_logp = check_per_token("ref_logp", ref_logp, full)
+        ref_logp, values, returns = (
+            None if t is None else check_per_token(name, t, full)
+            for name, t in (("ref_logp", ref_logp), ("values", values), ("returns", returns))
+        )
         gbs = self.spec.training.global_batch_size
         reduction = self.spec.algorithm.loss_reduction
         denominators = [
@@ -172,7 +187,13 @@ class TrainerGroup:
 
             refs.append(
                 actor.train.remote(
-                    batch, part(advantages), part(old_logp), part(ref_logp), denominators=denominators
+                    batch,
+                    part(advantages),
+                    part(old_logp),
+                    part(ref_logp),
+                    denominators=denominators,
+                    values=part(values),
+                    returns=part(returns),
                 )
             )
         per_rank: list[Metrics] = _gather(refs)

@@ -9,6 +9,10 @@ gradients are exactly the global batch's gradient, whatever the data-parallel si
 On CPU: float32, gloo, one intra-op thread per rank. On CUDA: nccl, float32 master weights and
 optimizer state with the forward under autocast in spec.model.dtype (bfloat16: no loss scaling is
 done, so float16 may underflow; prefer bfloat16); log-probs are always computed in float32.
+
+advantageEstimator ppo adds a critic (``critic.py``): values before training (``logprobs``), then
+after each policy optimizer step a critic step on the same micro-batches with the clipped value
+loss, its own AdamW at algorithm.critic.lr, gradients all-reduced like the policy's.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ import torch
 import torch.distributed as dist
 
 from rljob_api.spec import RLTrainingJobSpec
+from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.batching import steps_per_rollout
 from ..algo.logprobs import entropy_from_logits, token_logprobs
-from ..algo.losses import policy_loss
+from ..algo.losses import policy_loss, value_loss
 from .base import (
     LogProbs,
     Metrics,
@@ -41,11 +46,12 @@ from .base import (
     lr_at,
     pad_columns,
 )
+from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
 
 # Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch
 # values add up (over micro-batches and ranks) to the global batch's value. The others are masked
 # means of their micro-batch and are averaged weighted by trained tokens.
-SUMMED_METRICS = frozenset({"loss", "pg_loss", "entropy", "kl_loss"})
+SUMMED_METRICS = frozenset({"loss", "pg_loss", "entropy", "kl_loss", "value_loss"})
 
 MODEL_DIR = "model"
 STATE_FILE = "trainer_rank{rank}.pt"
@@ -123,10 +129,6 @@ class TorchTrainerRank:
             raise NotImplementedError(
                 "training.dynamicBatch is not implemented by the torch backend; use microBatchSize"
             )
-        if spec.algorithm.advantage_estimator == "ppo":
-            raise NotImplementedError(
-                "advantageEstimator ppo (a critic) is not implemented by the torch backend"
-            )
         self.spec = spec
         self.model_path = str(model_path)
         self.rank, self.world_size = rank, world_size
@@ -159,22 +161,31 @@ class TorchTrainerRank:
         if needs_reference(spec):  # same dtype and autocast as the policy: equal log-probs at the start
             self.ref_model = load(torch.float32).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = spec.training.optimizer
-        # As Megatron: no weight decay on biases and norm weights (1-D parameters).
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": opt.weight_decay}]
-        if no_decay:
-            groups.append({"params": no_decay, "weight_decay": 0.0})
-        self.optimizer = torch.optim.AdamW(
-            groups, lr=lr_at(0, opt, 1), betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps
-        )
+        self.optimizer = _adamw(self.params, spec.training.optimizer)
+        self.critic: torch.nn.Module | None = None
+        self.critic_params: list[torch.nn.Parameter] = []
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.critic_opt = critic_optimizer_spec(spec)
+        if spec.algorithm.advantage_estimator == "ppo":
+            self._init_critic()
         self.steps_per_rollout = steps_per_rollout(
             spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
         )
         self.total_steps = spec.training.num_rollout * self.steps_per_rollout
         self.step = 0  # optimizer steps taken
         self._logits_to_keep = "logits_to_keep" in _forward_params(self.model)
+
+    def _init_critic(self) -> None:
+        spec = self.spec
+        critic = load_value_model(
+            critic_path(spec, self.model_path), trust_remote_code=spec.model.trust_remote_code
+        )
+        self.critic = critic.to(self.device)
+        if spec.training.recompute_activations:
+            self.critic.gradient_checkpointing_enable()
+        self.critic.train()
+        self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
+        self.critic_optimizer = _adamw(self.critic_params, self.critic_opt)
 
     # ----------------------------------------------------------------------------- distributed
 
@@ -206,11 +217,11 @@ class TorchTrainerRank:
         dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
         return on_device.cpu()
 
-    def _all_reduce_grads(self) -> None:
+    def _all_reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
         if not self._distributed():
             return
         grads = []
-        for p in self.params:
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
@@ -256,6 +267,17 @@ class TorchTrainerRank:
                 ent = torch.where(valid, entropy_from_logits(logits.detach(), self.temperature), 0.0)
         return logp, ent
 
+    def _values(self, batch: TrainBatch) -> torch.Tensor:
+        """[b, T] float32 critic values before each response token; 0 past each response."""
+        assert self.critic is not None
+        inputs = {
+            "input_ids": batch.input_ids.to(self.device),
+            "attention_mask": batch.attention_mask.to(self.device),
+        }
+        with self._autocast():
+            values = token_values(self.critic, inputs, batch.logit_positions().to(self.device))
+        return torch.where(batch.response_mask().to(self.device) > 0, values, 0.0)
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
@@ -276,8 +298,10 @@ class TorchTrainerRank:
         on-policy (ppo_kl == 0).
         """
         self.model.eval()
+        if self.critic is not None:
+            self.critic.eval()
         try:
-            logp, ref, ent = [], [], []
+            logp, ref, ent, values = [], [], [], []
             for step in self._micro_batches(batch.size):
                 for rows in step:
                     mb = batch.select(rows)
@@ -287,9 +311,18 @@ class TorchTrainerRank:
                     if self.ref_model is not None:
                         r, _ = self._forward(self.ref_model, mb, entropy=None)
                         ref.append(pad_columns(r.float().cpu(), batch.width))
+                    if self.critic is not None:
+                        values.append(pad_columns(self._values(mb).cpu(), batch.width))
         finally:
             self.model.train()
-        return LogProbs(torch.cat(logp), torch.cat(ref) if ref else None, torch.cat(ent))
+            if self.critic is not None:
+                self.critic.train()
+        return LogProbs(
+            torch.cat(logp),
+            torch.cat(ref) if ref else None,
+            torch.cat(ent),
+            torch.cat(values) if values else None,
+        )
 
     # ------------------------------------------------------------------------------- training
 
@@ -300,12 +333,16 @@ class TorchTrainerRank:
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
         denominators: Sequence[float] | None = None,
+        *,
+        values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
     ) -> Metrics:
         """This rank's share of a rollout: its rows of every global batch, in order (``rank_rows``).
 
         Takes one optimizer step per global batch, over micro-batches of microBatchSize rows.
         ``denominators``: per step, the global batch's loss denominator (``loss_denominator``);
-        computed here with an all-reduce when not given. Returns metrics averaged over the steps,
+        computed here with an all-reduce when not given. ``values`` (from ``logprobs``) and
+        ``returns`` train the critic (ppo: required). Returns metrics averaged over the steps,
         identical on every rank.
         """
         spec = self.spec
@@ -318,6 +355,14 @@ class TorchTrainerRank:
             ref_logp = check_per_token("ref_logp", ref_logp, batch)
         elif algo.use_kl_loss:
             raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
+        critic_targets = None
+        if self.critic is not None:
+            if values is None or returns is None:
+                raise ValueError("advantageEstimator ppo needs the critic's values and the returns")
+            critic_targets = (
+                check_per_token("values", values, batch),
+                check_per_token("returns", returns, batch),
+            )
         if denominators is None:
             counts = torch.tensor(
                 [_raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
@@ -329,9 +374,14 @@ class TorchTrainerRank:
 
         totals: dict[str, float] = {}
         for step_slices, denominator in zip(plan, denominators, strict=True):
-            for key, value in self._optimizer_step(
+            metrics = self._optimizer_step(
                 batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
-            ).items():
+            )
+            if critic_targets is not None:  # before the policy's step count moves: same lr index
+                metrics.update(self._critic_step(batch, step_slices, *critic_targets, float(denominator)))
+            if not metrics["skipped_step"]:
+                self.step += 1
+            for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
         return {key: value / len(plan) for key, value in totals.items()}
 
@@ -344,12 +394,11 @@ class TorchTrainerRank:
         ref_logp: torch.Tensor | None,
         denominator: float,
     ) -> Metrics:
+        """One policy optimizer step over ``micro_batches`` (the step counter is moved by ``train``)."""
         algo = self.spec.algorithm
         want_entropy_grad = algo.entropy_coef > 0
         self.optimizer.zero_grad(set_to_none=True)
-        summed: dict[str, torch.Tensor] = {}
-        weighted: dict[str, torch.Tensor] = {}
-        tokens = torch.zeros((), dtype=torch.float64)
+        sums = _MetricSums()
         for rows in micro_batches:
             mb = batch.select(rows)
             width = mb.width
@@ -371,35 +420,74 @@ class TorchTrainerRank:
                 denominator=denominator,
             )
             loss.backward()
-            n = mask.sum().double().cpu()
-            tokens += n
-            for key, value in metrics.items():
-                value = value.detach().double().cpu()
-                if key in SUMMED_METRICS:
-                    summed[key] = summed.get(key, 0.0) + value
-                else:
-                    weighted[key] = weighted.get(key, 0.0) + value * n
-        self._all_reduce_grads()
+            sums.add(metrics, mask)
+        grad_norm, lr, finite = self._update(self.params, self.optimizer, self.spec.training.optimizer)
+        out = self._reduce_metrics(sums)
+        out.update(grad_norm=grad_norm, lr=lr, skipped_step=0.0 if finite else 1.0)
+        return out
+
+    def _critic_step(
+        self,
+        batch: TrainBatch,
+        micro_batches: list[slice],
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        denominator: float,
+    ) -> Metrics:
+        """One critic optimizer step (clipped value loss) over the policy step's micro-batches."""
+        assert self.critic is not None and self.critic_optimizer is not None
+        algo = self.spec.algorithm
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        sums = _MetricSums()
+        for rows in micro_batches:
+            mb = batch.select(rows)
+            mask = mb.loss_mask.to(self.device)
+            loss, metrics = value_loss(
+                self._values(mb),
+                old_values[rows, : mb.width].to(self.device),
+                returns[rows, : mb.width].to(self.device),
+                mask,
+                algo.critic.value_clip,
+                algo.loss_reduction,
+                denominator,
+            )
+            loss.backward()
+            sums.add(metrics, mask)
+        grad_norm, lr, finite = self._update(self.critic_params, self.critic_optimizer, self.critic_opt)
+        out = self._reduce_metrics(sums)
+        del out["tokens"]  # the policy step reports them
+        out.update(critic_grad_norm=grad_norm, critic_lr=lr, critic_skipped_step=0.0 if finite else 1.0)
+        return out
+
+    def _update(
+        self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, opt: OptimizerSpec
+    ) -> tuple[float, float, bool]:
+        """All-reduce, clip, set the lr of optimizer step ``self.step`` and step (skipped on inf/nan
+        gradients, as Megatron does). Returns (grad norm, lr, whether it stepped)."""
+        self._all_reduce_grads(params)
         clip = self.spec.training.optimizer.clip_grad
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
-        lr = lr_at(self.step, self.spec.training.optimizer, self.total_steps)
-        for group in self.optimizer.param_groups:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        lr = lr_at(self.step, opt, self.total_steps)
+        for group in optimizer.param_groups:
             group["lr"] = lr
         finite = bool(torch.isfinite(grad_norm))
-        if finite:  # as Megatron: skip the update on inf/nan gradients
-            self.optimizer.step()
-            self.step += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm), lr, finite
 
-        s_keys, w_keys = sorted(summed), sorted(weighted)
-        packed = torch.stack([*(summed[k] for k in s_keys), *(weighted[k] for k in w_keys), tokens])
+    def _reduce_metrics(self, sums: _MetricSums) -> Metrics:
+        """One step's metrics over every rank (one all-reduce): SUMMED_METRICS added up, the others
+        token-weighted means; ``tokens`` is the step's trained-token count."""
+        s_keys, w_keys = sorted(sums.summed), sorted(sums.weighted)
+        packed = torch.stack(
+            [*(sums.summed[k] for k in s_keys), *(sums.weighted[k] for k in w_keys), sums.tokens]
+        )
         packed = self._all_reduce(packed)
         total_tokens = max(float(packed[-1]), 1.0)
         out: Metrics = {k: float(packed[i]) for i, k in enumerate(s_keys)}
         out.update({k: float(packed[len(s_keys) + i]) / total_tokens for i, k in enumerate(w_keys)})
-        out.update(
-            grad_norm=float(grad_norm), lr=lr, skipped_step=0.0 if finite else 1.0, tokens=float(packed[-1])
-        )
+        out["tokens"] = float(packed[-1])
         return out
 
     # -------------------------------------------------------------------------------- weights
@@ -417,12 +505,16 @@ class TorchTrainerRank:
             model_dir = root / MODEL_DIR
             self.model.save_pretrained(model_dir, safe_serialization=True)
             _copy_side_files(Path(self.model_path), model_dir)
+            if self.critic is not None:
+                self.critic.save_pretrained(root / CRITIC_DIR, safe_serialization=True)
         state = {
             "step": self.step,
             "world_size": self.world_size,
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
         }
+        if self.critic_optimizer is not None:
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
         tmp = root / (STATE_FILE.format(rank=self.rank) + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, root / STATE_FILE.format(rank=self.rank))
@@ -431,38 +523,83 @@ class TorchTrainerRank:
 
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint (same data-parallel size)."""
-        from safetensors.torch import load_file
-
         root = Path(path)
-        files = sorted((root / MODEL_DIR).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no safetensors weights under {root / MODEL_DIR}")
-        weights: dict[str, torch.Tensor] = {}
-        for file in files:
-            weights.update(load_file(str(file)))
-        named = dict(self.model.named_parameters())
-        missing = sorted(set(named) - set(weights))
-        if missing:
-            raise ValueError(f"checkpoint {root} lacks parameters: {', '.join(missing[:5])}")
-        with torch.no_grad():
-            for name, param in named.items():
-                param.copy_(weights[name].to(device=param.device, dtype=param.dtype))
-            buffers = dict(self.model.named_buffers())
-            for name, tensor in weights.items():
-                if name in buffers:
-                    buffers[name].copy_(tensor.to(buffers[name].device, buffers[name].dtype))
+        _load_weights(self.model, root / MODEL_DIR)
         state = torch.load(root / STATE_FILE.format(rank=self.rank), map_location="cpu", weights_only=False)
         if state["world_size"] != self.world_size:
             raise ValueError(
                 f"checkpoint {root} was saved by {state['world_size']} data-parallel ranks, not {self.world_size}"
             )
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None and self.critic_optimizer is not None:
+            if "critic_optimizer" not in state:
+                raise ValueError(
+                    f"checkpoint {root} has no critic (saved by a run without advantageEstimator ppo)"
+                )
+            _load_weights(self.critic, root / CRITIC_DIR)
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.step = int(state["step"])
         set_rng_state(state["rng"])
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _MetricSums:
+    """One rank's per-micro-batch metrics of one optimizer step, before the all-reduce: metrics in
+    SUMMED_METRICS add up (they are divided by the global denominator), the others are weighted by
+    the micro-batch's trained tokens."""
+
+    def __init__(self) -> None:
+        self.summed: dict[str, torch.Tensor] = {}
+        self.weighted: dict[str, torch.Tensor] = {}
+        self.tokens = torch.zeros((), dtype=torch.float64)
+
+    def add(self, metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        n = mask.sum().double().cpu()
+        self.tokens += n
+        for key, value in metrics.items():
+            value = value.detach().double().cpu()
+            if key in SUMMED_METRICS:
+                self.summed[key] = self.summed.get(key, 0.0) + value
+            else:
+                self.weighted[key] = self.weighted.get(key, 0.0) + value * n
+
+
+def _adamw(params: list[torch.nn.Parameter], opt: OptimizerSpec) -> torch.optim.Optimizer:
+    """AdamW with the spec's settings; as Megatron, no weight decay on biases and norm weights (1-D)."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(
+        groups, lr=lr_at(0, opt, 1), betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps
+    )
+
+
+def _load_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Copy the safetensors weights under ``directory`` into ``model`` (parameters and buffers)."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights under {directory}")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    named = dict(model.named_parameters())
+    missing = sorted(set(named) - set(weights))
+    if missing:
+        raise ValueError(f"checkpoint {directory} lacks parameters: {', '.join(missing[:5])}")
+    with torch.no_grad():
+        for name, param in named.items():
+            param.copy_(weights[name].to(device=param.device, dtype=param.dtype))
+        buffers = dict(model.named_buffers())
+        for name, tensor in weights.items():
+            if name in buffers:
+                buffers[name].copy_(tensor.to(buffers[name].device, buffers[name].dtype))
 
 
 def _raw_count(loss_mask: torch.Tensor, reduction: str) -> float:
