@@ -67,7 +67,7 @@ DEMO := PYTHONPATH=tools $(PY) -m rljob_demo
 
 demo: ## the whole product on this machine: control plane, operator, a GRPO job on CPU learning to Succeeded
 	@$(PYTHON) tools/rljob_demo/prereqs.py
-	@$(MAKE) --no-print-directory venv
+	@$(MAKE) -s --no-print-directory venv
 	@$(DEMO) up $(DEMO_ARGS)
 
 demo-down: venv ## remove what make demo started: its job, the operator, the local control plane

@@ -44,7 +44,8 @@ class DynamicSamplingSpec(ApiModel):
         default=None,
         ge=1,
         le=1048576,
-        description="Prompts submitted per sampling round; at least rollout.batchSize. Defaults to rollout.batchSize.",
+        description="Prompts submitted in the first sampling round (at least rollout.batchSize; defaults to it); "
+        "later rounds submit the shortfall divided by the observed keep rate, at most this many.",
     )
     max_rounds: int = Field(
         default=8, ge=1, le=1000, description="Sampling rounds per step before training on what was kept."
