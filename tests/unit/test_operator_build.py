@@ -17,7 +17,9 @@ from rljob_operator.build import BuildSettings, build_rayjob
 from rljob_operator.build_rbac import build_runtime_rbac
 
 GOLDEN = Path(__file__).parent / "golden"
-EXAMPLES = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "examples" / "manifests").glob("*.yaml"))
+EXAMPLES = sorted(
+    p.name for p in (Path(__file__).resolve().parents[2] / "examples" / "manifests").glob("*.yaml")
+)
 
 
 def _render(objs: list[dict]) -> str:

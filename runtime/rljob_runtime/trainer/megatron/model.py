@@ -1,0 +1,219 @@
+"""Megatron-core GPTModel from an HF config (local layer spec: no TransformerEngine), HF weights in
+and out. Needs megatron-core (``pip install 'rljob[megatron]'``) and an initialised torch.distributed.
+
+Call order on every rank: ``validate_parallelism`` (pure, before any GPU work) -> ``init_model_parallel``
+-> ``build_gpt_model`` -> ``load_hf_weights``; ``export_hf_weights`` gives the HF tensors back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from .arch import ModelShape, model_shape
+from .convert import Tensors, hf_to_megatron, megatron_to_hf
+from .parallel import Parallelism, padded_vocab_size, validate_parallelism
+from .shard import from_stage, gather_tensor, shard_tp, to_stage
+
+Recompute = Literal["full", "selective"] | None
+
+
+def init_model_parallel(par: Parallelism, seed: int = 0) -> None:
+    """Megatron's process groups for ``par`` (torch.distributed must be up with par.world_size ranks)."""
+    if not dist.is_initialized():
+        raise RuntimeError("init_model_parallel: torch.distributed is not initialised")
+    if dist.get_world_size() != par.world_size:
+        raise ValueError(f"{dist.get_world_size()} ranks for a layout of {par.world_size} GPUs ({par})")
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
+        create_gloo_process_groups=False,
+    )
+    if torch.cuda.is_available():  # the TP-aware RNG streams used by dropout and init
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def transformer_config(
+    shape: ModelShape,
+    par: Parallelism,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    recompute: Recompute = None,
+    cpu_init: bool = False,
+) -> TransformerConfig:
+    """Llama-style decoder settings: RMSNorm, SwiGLU without biases (qkv bias for Qwen2), GQA, qk-norm
+    for Qwen3, no dropout (RL fine-tuning; HF configs carry 0), fused kernels off (they need apex/TE)."""
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
+        sequence_parallel=False,  # the local spec's torch norms refuse it
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        pipeline_dtype=dtype,
+        variable_seq_lengths=True,  # RL batches differ in length from step to step
+        moe_token_dispatcher_type="alltoall",  # the default (allgather) refuses variable lengths, even dense
+        recompute_granularity=recompute,
+        recompute_method="uniform" if recompute == "full" else None,
+        recompute_num_layers=1 if recompute == "full" else None,
+        use_cpu_initialization=cpu_init,
+        # Weights come from an HF checkpoint, but keep Megatron's init: it is also what marks TP-split
+        # parameters (tensor_model_parallel); without it the grad norm skips TP ranks > 0's shards.
+        perform_initialization=True,
+    )
+
+
+def build_gpt_model(
+    shape: ModelShape,
+    par: Parallelism,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    recompute: Recompute = None,
+    parallel_output: bool = False,
+) -> GPTModel:
+    """This rank's GPTModel chunk (its TP slice and PP stage), uninitialised, on the current device.
+
+    ``parallel_output``: keep the logits split over TP ranks by vocab; False gathers them.
+    """
+    cpu = not torch.cuda.is_available()
+    config = transformer_config(shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm"),
+        vocab_size=padded_vocab_size(shape.vocab_size, par.tp),
+        max_sequence_length=shape.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=parallel_output,
+        share_embeddings_and_output_weights=shape.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=shape.rope_theta,  # type: ignore[arg-type]  # annotated int, used as a float
+    )
+    return model if cpu else model.cuda(torch.cuda.current_device())
+
+
+def setup_model(
+    hf_config: Any,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    gpus: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    recompute: Recompute = None,
+    seed: int = 0,
+    parallel_output: bool = False,
+) -> tuple[GPTModel, ModelShape, Parallelism]:
+    """Validate the layout (pure: a bad one is refused before any process group or GPU memory), then
+    create Megatron's process groups and this rank's model chunk. ``gpus`` defaults to the world size."""
+    shape = model_shape(hf_config)
+    if gpus is None:
+        gpus = dist.get_world_size() if dist.is_initialized() else 1
+    par = validate_parallelism(shape, tp=tp, pp=pp, cp=cp, gpus=gpus)
+    init_model_parallel(par, seed)
+    model = build_gpt_model(shape, par, dtype=dtype, recompute=recompute, parallel_output=parallel_output)
+    return model, shape, par
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module  # type: ignore[assignment]
+    return model
+
+
+def rank_state(hf: Mapping[str, torch.Tensor], shape: ModelShape, par: Parallelism) -> Tensors:
+    """The Megatron tensors this rank holds (its PP stage, its TP slice) from an HF state dict."""
+    whole = hf_to_megatron(hf, shape, padded_vocab_size(shape.vocab_size, par.tp))
+    stage = to_stage(whole, shape, par.pp, ps.get_pipeline_model_parallel_rank())
+    return shard_tp(stage, par.tp, ps.get_tensor_model_parallel_rank())
+
+
+@torch.no_grad()
+def load_hf_weights(
+    model: torch.nn.Module, hf: Mapping[str, torch.Tensor], shape: ModelShape, par: Parallelism
+) -> None:
+    """Copy HF weights into this rank's chunk (cast to its dtype); every parameter must be covered."""
+    params = dict(unwrap(model).named_parameters())
+    state = rank_state(hf, shape, par)
+    if set(params) != set(state):
+        missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        raise ValueError(f"HF -> Megatron names disagree: not converted {missing[:5]}, unknown {extra[:5]}")
+    for name, param in params.items():
+        src = state[name]
+        if tuple(src.shape) != tuple(param.shape):
+            raise ValueError(
+                f"{name}: converted shape {tuple(src.shape)} != model shape {tuple(param.shape)}"
+            )
+        param.copy_(src.to(device=param.device, dtype=param.dtype))
+
+
+@torch.no_grad()
+def export_hf_weights(model: torch.nn.Module, shape: ModelShape, par: Parallelism) -> Tensors:
+    """HF tensors of this rank's PP stage, whole (gathered over TP), on this rank's device.
+
+    Every TP rank gets the same result; stages hold different layers (global HF names), so a caller
+    with pp > 1 merges the stages' dicts.
+    """
+    group = ps.get_tensor_model_parallel_group()
+    stage: Tensors = {}
+    for name, param in unwrap(model).named_parameters():
+        tensor = param.detach()
+        if par.tp > 1:
+            parts = [torch.empty_like(tensor) for _ in range(par.tp)]
+            dist.all_gather(parts, tensor.contiguous(), group=group)
+            tensor = gather_tensor(name, parts)
+        stage[name] = tensor
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    return megatron_to_hf(from_stage(stage, shape, par.pp, pp_rank), shape)
+
+
+def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """[1, 1, s, s] bool, True where attention is masked (Megatron's convention)."""
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
+
+
+def forward_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, shape: ModelShape, **kwargs: Any
+) -> torch.Tensor:
+    """[b, s] token ids -> [b, s, vocab] logits (padding columns stripped) of a pp = 1 model built with
+    ``parallel_output=False``. Right-padded batches need no padding mask: real tokens come first."""
+    b, s = input_ids.shape
+    position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
+    logits = model(input_ids, position_ids, causal_mask(s, input_ids.device), **kwargs)
+    return logits[..., : shape.vocab_size]
