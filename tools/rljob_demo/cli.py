@@ -103,14 +103,21 @@ def cluster_up(settings: Settings) -> Kubectl:
     if status.returncode == 0:
         detail = "running: reused"
     else:
-        if not prereqs.binaries_cached():
-            say("  … building the control plane from Go modules (once: about 12 minutes on 2 cores)")
-        t0 = time.monotonic()
         log = settings.state_dir / "cluster-up.log"
-        up = devcluster("up", f"--name={settings.cluster}", "--recreate", timeout=3600)
-        log.write_text(up.stdout + up.stderr)
+        if not prereqs.binaries_cached():
+            say(
+                "  … building the control plane from Go modules (once: about 12 minutes on 2 cores; "
+                f"progress: tail -f {home(log)})"
+            )
+        t0 = time.monotonic()
+        with open(log, "w") as out:  # written as it goes, so a long first build can be followed
+            up = subprocess.run(
+                [sys.executable, str(DEVCLUSTER), "up", f"--name={settings.cluster}", "--recreate"],
+                stdout=out, stderr=subprocess.STDOUT, text=True, timeout=3600, cwd=REPO,
+            )  # fmt: skip
         if up.returncode != 0:
-            raise DemoError(f"the local control plane did not start (log: {home(log)}):\n{up.stderr.strip()}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise DemoError(f"the local control plane did not start (log: {home(log)}):\n{tail}")
         detail = f"started in {time.monotonic() - t0:.0f} s"
         status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
         if status.returncode != 0:
@@ -193,6 +200,8 @@ def snapshot(kubectl: Kubectl, namespace: str) -> Snapshot | None:
         "--field-selector", f"involvedObject.kind=RLTrainingJob,involvedObject.name={JOB_NAME}",
     )["items"]  # fmt: skip
     # Events of one second tie on their timestamps; resourceVersion orders them as they were written.
+    uid = job["metadata"]["uid"]  # not the events of an earlier run of the same name
+    events = [e for e in events if (e.get("involvedObject") or {}).get("uid") == uid]
     events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "", _rv(e)))
     return Snapshot(table=table, status=job.get("status") or {}, events=events)
 
