@@ -11,6 +11,7 @@ prompts whose zero-variance groups are dropped (``dynamic_rollout``).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import random
 import threading
@@ -74,8 +75,8 @@ class RunResult:
 def prepare(spec: RLTrainingJobSpec) -> Prepared:
     """Fail fast: unsupported options, the model, the tokenizer, the data and the reward."""
     unsupported = []
-    if spec.training.backend != "torch":
-        unsupported.append("training.backend megatron (needs the GPU backend)")
+    if spec.training.backend == "megatron":
+        unsupported.extend(megatron_unsupported(spec))
     if spec.rollout.engine != "hf":
         unsupported.append("rollout.engine sglang (needs GPUs)")
     if spec.rollout.partial_rollout:
@@ -94,6 +95,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
         spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
     )
     model_path = str(resolve_model(spec.model.path))
+    if spec.training.backend == "megatron":
+        check_megatron_layout(spec, model_path)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_path)
@@ -114,13 +117,40 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long)
 
 
+def megatron_unsupported(spec: RLTrainingJobSpec) -> list[str]:
+    """What the megatron backend cannot do yet, by name (megatron-core itself included)."""
+    from .trainer.megatron.checks import unsupported_options
+
+    out = unsupported_options(spec)
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        out.append(
+            "training.backend megatron without megatron-core installed (pip install 'rljob[megatron]')"
+        )
+    return out
+
+
+def check_megatron_layout(spec: RLTrainingJobSpec, model_path: str) -> None:
+    """The model's architecture and training.parallelism against the trainer GPUs, from config.json
+    alone: refused here with the numbers, not after Ray placed the ranks."""
+    from .trainer.megatron.checks import check_layout, read_hf_config
+
+    try:
+        check_layout(spec, read_hf_config(model_path))
+    except (ValueError, FileNotFoundError) as err:
+        raise RunError(f"training.backend megatron: {err}") from err
+
+
 def run(prepared: Prepared, options: RunOptions) -> RunResult:
     """Start Ray, place the actors, and train until numRollout (or stop_after) steps are done."""
     import ray
 
     from .placement import bundle_shapes, create_placement, local_resources
     from .rollout.manager import RolloutManager
-    from .trainer.group import TrainerGroup
+    from .trainer import create_trainer
 
     spec = prepared.spec
     started_ray = False
@@ -144,7 +174,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
     )
     try:
         placement = create_placement(spec)
-        trainer = TrainerGroup.create(spec, prepared.model_path, placement.trainer)
+        trainer = create_trainer(spec, prepared.model_path, placement.trainer)
         rollout = RolloutManager.create(
             spec, prepared.model_path, placement, weights_provider=trainer.named_tensors
         )

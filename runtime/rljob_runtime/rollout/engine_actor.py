@@ -57,7 +57,9 @@ def engine_command(
     """The server's command line (pure, so the SGLang flags can be checked without SGLang)."""
     if kind == "hf":
         cmd = [sys.executable, "-m", "rljob_runtime.rollout.hf_server", "--model-path", model_path]
-        cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--device", device]
+        # The server sees every GPU of the node (like SGLang): its own is the bundle's, base_gpu_id.
+        where = f"cuda:{base_gpu_id}" if device == "cuda" else device
+        cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--device", where]
         cmd += ["--seed", str(seed)]
         if threads:
             cmd += ["--threads", str(threads)]

@@ -1,5 +1,6 @@
-"""Trainer backends: ``torch`` (transformers + torch.distributed data parallel, CPU-capable) here;
-``megatron`` implements the same ``base.TrainerBackend`` interface."""
+"""Trainer backends: ``torch`` (transformers + torch.distributed data parallel, CPU-capable) and
+``megatron`` (Megatron-core, GPU: ``trainer/megatron/``), both behind ``base.TrainerBackend`` as a
+``group.TrainerGroup`` of Ray actors, one rank per trainer slot."""
 
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ if TYPE_CHECKING:
     from rljob_api.spec import RLTrainingJobSpec
 
     from ..placement import Slot
-    from .base import TrainerBackend
+    from .group import TrainerGroup
 
 
-def create_trainer(spec: RLTrainingJobSpec, model_path: str, slots: Sequence[Slot]) -> TrainerBackend:
-    """Start the spec's trainer backend on the given slots."""
-    if spec.training.backend == "torch":
-        from .group import TrainerGroup
+def create_trainer(spec: RLTrainingJobSpec, model_path: str, slots: Sequence[Slot]) -> TrainerGroup:
+    """Start the spec's trainer backend (training.backend) on the given slots."""
+    from .group import TrainerGroup
 
-        return TrainerGroup.create(spec, model_path, slots)
-    raise NotImplementedError(f"training.backend {spec.training.backend!r} is not available in this build")
+    return TrainerGroup.create(spec, model_path, slots)

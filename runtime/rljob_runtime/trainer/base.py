@@ -207,6 +207,28 @@ def rank_rows(num_samples: int, global_batch_size: int, dp_size: int, dp_rank: i
     return rows
 
 
+def replica_rows(num_samples: int, global_batch_size: int, dp_ranks: Sequence[int]) -> list[list[int]]:
+    """Rows of each trainer rank, given each rank's data-parallel rank: the ranks of one model replica
+    (TP / PP / CP peers, same data-parallel rank) must see the same rows, and each replica gets its
+    ``rank_rows`` share. ``dp_ranks`` must cover 0..dp-1, each the same number of times."""
+    dp_size = len(set(dp_ranks))
+    counts = {d: list(dp_ranks).count(d) for d in set(dp_ranks)}
+    if set(dp_ranks) != set(range(dp_size)) or len(set(counts.values())) != 1:
+        raise ValueError(
+            f"data-parallel ranks {list(dp_ranks)} do not form replicas 0..{dp_size - 1} of equal size"
+        )
+    return [rank_rows(num_samples, global_batch_size, dp_size, d) for d in dp_ranks]
+
+
+def replica_leaders(dp_ranks: Sequence[int]) -> list[int]:
+    """Index of the first rank of each replica, in data-parallel order: where a replica's results
+    (identical on its ranks) are read."""
+    first: dict[int, int] = {}
+    for index, d in enumerate(dp_ranks):
+        first.setdefault(d, index)
+    return [first[d] for d in sorted(first)]
+
+
 def local_plan(num_local: int, per_rank: int, micro_batch_size: int) -> list[list[slice]]:
     """A rank's own rows (as ``rank_rows`` lists them) split into optimizer steps of ``per_rank`` rows,
     each into micro-batches of ``micro_batch_size`` rows: slices into the rank's rows."""

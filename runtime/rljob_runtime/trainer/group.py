@@ -1,8 +1,10 @@
-"""TrainerGroup: the torch backend's ranks as Ray actors, one per trainer slot, seen as one trainer.
+"""TrainerGroup: a backend's ranks as Ray actors, one per trainer slot, seen as one trainer.
 
 The driver hands over a whole rollout (plain Samples and CPU tensors); the group shards it, every
 global batch (one optimizer step) split into contiguous shares, one per data-parallel rank
-(``rank_rows``), and reassembles per-token results in the samples' order.
+(``rank_rows``), and reassembles per-token results in the samples' order. With the megatron backend
+the ranks of one model replica (its TP x PP peers, same data-parallel rank) all get that replica's
+rows (``replica_rows``) and the results are read from one of them (``replica_leaders``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from .base import (
     check_per_token,
     loss_denominator,
     pad_columns,
-    rank_rows,
+    replica_leaders,
+    replica_rows,
 )
 from .torch_backend import TorchTrainerRank, actor_env
 
@@ -45,12 +48,25 @@ def _gather(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
     return ray.get(refs)
 
 
-class TrainerGroup:
-    """The ``torch`` trainer backend (implements ``base.TrainerBackend``)."""
+def rank_class(backend: str) -> type:
+    """The rank class of a trainer backend (megatron's imports megatron-core only on its actors)."""
+    if backend == "torch":
+        return TorchTrainerRank
+    if backend == "megatron":
+        from .megatron.backend import MegatronTrainerRank
 
-    def __init__(self, spec: RLTrainingJobSpec, actors: list[Any]) -> None:
+        return MegatronTrainerRank
+    raise ValueError(f"unknown training.backend {backend!r}")
+
+
+class TrainerGroup:
+    """A trainer backend's ranks seen as one trainer (implements ``base.TrainerBackend``)."""
+
+    def __init__(self, spec: RLTrainingJobSpec, actors: list[Any], dp_ranks: list[int] | None = None) -> None:
         self.spec = spec
         self.actors = actors  # Ray actor handles, rank order
+        # Data-parallel rank of each actor: the torch backend is data parallel only (rank = dp rank).
+        self.dp_ranks = list(range(len(actors))) if dp_ranks is None else dp_ranks
 
     @property
     def world_size(self) -> int:
@@ -66,7 +82,8 @@ class TrainerGroup:
         fraction: float | None = None,
         dist_timeout_s: float = 600.0,
     ) -> TrainerGroup:
-        """Start one rank per slot (pinned to its bundle) and join them into one process group.
+        """Start one rank of spec.training.backend per slot (pinned to its bundle, its GPU on cuda) and
+        join them into one process group (Megatron's TP/PP/DP groups inside it).
 
         ``fraction``: the share of each bundle a rank takes (num_cpus, and num_gpus on cuda);
         defaults to 0.5 when colocated (the engine takes the rest) and 1 otherwise.
@@ -75,11 +92,9 @@ class TrainerGroup:
 
         if not slots:
             raise ValueError("TrainerGroup.create: no trainer slots")
-        if spec.training.backend != "torch":
-            raise ValueError(f"TrainerGroup is the torch backend; the spec asks for {spec.training.backend}")
         if fraction is None:
             fraction = 0.5 if spec.resources.colocate else 1.0
-        remote_cls = ray.remote(TorchTrainerRank)
+        remote_cls = ray.remote(rank_class(spec.training.backend))
         actors = []
         for rank, slot in enumerate(slots):
             options = dict(slot.options(fraction))
@@ -95,6 +110,8 @@ class TrainerGroup:
         try:
             addr, port = ray.get(actors[0].master_address.remote())
             _gather([a.init_process_group.remote(addr, port) for a in actors])
+            if spec.training.backend == "megatron":
+                group.dp_ranks = [int(lay["dp_rank"]) for lay in _gather([a.layout.remote() for a in actors])]
         except BaseException:
             group.shutdown()
             raise
@@ -116,8 +133,7 @@ class TrainerGroup:
             )
 
     def _shards(self, n: int) -> list[list[int]]:
-        gbs = self.spec.training.global_batch_size
-        return [rank_rows(n, gbs, self.world_size, r) for r in range(self.world_size)]
+        return replica_rows(n, self.spec.training.global_batch_size, self.dp_ranks)
 
     def _rank_batches(self, samples: Sequence[Sample]) -> tuple[list[list[int]], list[TrainBatch]]:
         shards = self._shards(len(samples))
@@ -129,9 +145,12 @@ class TrainerGroup:
         """[N, T] log-probs (+ reference log-probs, entropy) in the samples' order, T = longest response."""
         self._check_identity(samples)
         shards, batches = self._rank_batches(samples)
-        results: list[LogProbs] = _gather(
+        every: list[LogProbs] = _gather(
             [actor.logprobs.remote(batch) for actor, batch in zip(self.actors, batches, strict=True)]
         )
+        leaders = replica_leaders(self.dp_ranks)  # one rank per replica: its peers return the same
+        shards = [shards[i] for i in leaders]
+        results = [every[i] for i in leaders]
         width = max(max(len(s.response_ids) for s in samples), 1)
 
         def assemble(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -196,15 +215,16 @@ class TrainerGroup:
                     returns=part(returns),
                 )
             )
-        per_rank: list[Metrics] = _gather(refs)
+        results: list[Metrics] = _gather(refs)
+        per_rank = [results[i] for i in replica_leaders(self.dp_ranks)]  # peers report the same
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Rank 0's weights under HF names (state_dict keys, tied aliases included), CPU."""
-        import ray
-
-        return ray.get(self.actors[0].named_tensors.remote())
+        """Rank 0's weights under HF names, CPU. The ranks of data-parallel rank 0's replica all take
+        part (megatron gathers TP/PP shards; the torch backend's replica is rank 0 alone)."""
+        exporters = [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
+        return _gather([a.named_tensors.remote() for a in exporters])[0]
 
     def save(self, path: str) -> None:
         _gather([a.save.remote(str(path)) for a in self.actors])

@@ -6,11 +6,14 @@ Modules that need no megatron-core (pure, unit-tested on CPU, importable in CI):
 - ``parallel``: parallelism validation (refused before any GPU work) and vocab padding.
 - ``convert``: HF <-> Megatron state dicts (fused qkv, gate/up, vocab padding).
 - ``shard``: tensor-parallel split/gather and pipeline stages of a Megatron state dict.
+- ``checks``: what the backend refuses (options by name, the layout with its numbers), run by
+  ``driver.prepare`` before Ray starts and again by each rank.
 - ``testing``: configs with real shapes and random HF weights for tests and benchmarks.
 
-Modules that import megatron-core (``pip install 'rljob[megatron]'``, GPU): ``model`` (TransformerConfig,
-GPTModel, loading HF weights, exporting HF weights) and ``backend`` (``MegatronTrainerRank``: the
-trainer rank; not yet wired into ``create_trainer``/Ray, no checkpoints).
+Modules that need megatron-core at run time (``pip install 'rljob[megatron]'``, GPU): ``model``
+(TransformerConfig, GPTModel, loading HF weights, exporting HF weights), ``schedule`` (forward /
+backward over micro-batches), ``checkpoint`` (HF export + per-rank optimizer shards) and ``backend``
+(``MegatronTrainerRank``, run by ``trainer.group.TrainerGroup`` as Ray actors, one per GPU).
 """
 
 from .arch import SUPPORTED_ARCHITECTURES, ModelShape, UnsupportedModelError, model_shape

@@ -9,18 +9,16 @@ ranks; the loss handed to it is scaled up by both so that the sum survives.
 
 Rows: every rank of one model replica (its TP x PP group) must get the same rows; data-parallel
 ranks get their ``rank_rows`` share, as with the torch backend (dp = GPUs / (tp * pp * cp)).
-Not yet: checkpoints (``save``/``load``), the ppo critic, dynamic batching, context parallelism.
+Checkpoints: ``checkpoint.py`` (HF export + per-rank optimizer shards, same layout to resume).
+Not yet: the ppo critic, dynamic batching, context parallelism (``checks.py`` refuses them).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,24 +27,27 @@ import torch.distributed as dist
 from rljob_api.spec import RLTrainingJobSpec
 
 from ...algo.batching import steps_per_rollout
-from ...algo.logprobs import entropy_from_logits, token_logprobs
 from ...algo.losses import policy_loss
 from ..base import LogProbs, Metrics, TrainBatch, check_per_token, local_plan, lr_at, pad_columns
-from ..torch_backend import SUMMED_METRICS, needs_reference, set_seed
-from .arch import model_shape
-from .parallel import validate_parallelism
-
-
-def _hf_state(model_path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {model_path}")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    return state
+from ..torch_backend import (
+    _free_port,
+    _node_ip,
+    needs_reference,
+    rng_state,
+    set_rng_state,
+    set_seed,
+)
+from .checkpoint import read_hf_state
+from .checks import check_megatron
+from .schedule import (
+    accumulate,
+    from_last_stage,
+    raw_count,
+    reduce_metrics,
+    run_schedule,
+    swap_entropy,
+    token_stats,
+)
 
 
 class MegatronTrainerRank:
@@ -62,34 +63,15 @@ class MegatronTrainerRank:
         dist_timeout_s: float = 600.0,
         distributed_optimizer: bool = True,
     ) -> None:
-        # Everything that can be refused is refused here, before any process group or GPU memory.
-        training = spec.training
-        if training.dynamic_batch.enabled:
-            raise NotImplementedError("training.dynamicBatch is not implemented by the megatron backend yet")
-        if spec.algorithm.advantage_estimator == "ppo":
-            raise NotImplementedError(
-                "advantageEstimator ppo (a critic) is not implemented by the megatron backend yet"
-            )
-        par = training.parallelism
-        if par.expert != 1 or par.sequence_parallel:
-            raise NotImplementedError(
-                "expert and sequence parallelism need TransformerEngine (not in the local spec)"
-            )
-        self.hf_config = json.loads((Path(model_path) / "config.json").read_text())
-        self.shape = model_shape(self.hf_config)
-        self.par = validate_parallelism(
-            self.shape, tp=par.tensor, pp=par.pipeline, cp=par.context, gpus=world_size
-        )
-        if training.global_batch_size % self.par.dp:
-            raise ValueError(
-                f"globalBatchSize {training.global_batch_size} does not split over {self.par.dp} data-parallel ranks"
-            )
+        # Everything that can be refused is refused here (driver.prepare did it too), before any
+        # process group or GPU memory.
+        self.shape, self.par = check_megatron(spec, model_path, gpus=world_size)
         self.spec, self.model_path = spec, str(model_path)
         self.rank, self.world_size, self.dist_timeout_s = rank, world_size, dist_timeout_s
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
         self.temperature = spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0
-        self.total_steps = training.num_rollout * steps_per_rollout(
-            spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, training.global_batch_size
+        self.total_steps = spec.training.num_rollout * steps_per_rollout(
+            spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
         )
         self.step = 0
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
@@ -99,10 +81,25 @@ class MegatronTrainerRank:
     # ----------------------------------------------------------------------------- distributed
 
     def master_address(self) -> tuple[str, int]:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        return socket.gethostbyname(socket.gethostname()), port
+        """This node's IP (Ray's view of it) and a free port, for the rendezvous (asked of rank 0)."""
+        return _node_ip(), _free_port()
+
+    def layout(self) -> dict[str, int]:
+        """Where this rank sits (after ``init_process_group``): ranks of one model replica (same
+        data-parallel rank) take the same rows; the group reads results from one of them."""
+        from megatron.core import parallel_state as ps
+
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "tp": self.par.tp,
+            "pp": self.par.pp,
+            "cp": self.par.cp,
+            "dp": self.par.dp,
+            "dp_rank": ps.get_data_parallel_rank(),
+            "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        }
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the NCCL group, create Megatron's groups, build the model(s) and the optimizer."""
@@ -133,7 +130,7 @@ class MegatronTrainerRank:
         spec = self.spec
         set_seed(spec.training.seed)
         init_model_parallel(self.par, spec.training.seed)
-        hf = _hf_state(self.model_path)
+        hf = read_hf_state(self.model_path)
         recompute = "full" if spec.training.recompute_activations else None
         model = build_gpt_model(self.shape, self.par, dtype=self.dtype, recompute=recompute)
         load_hf_weights(model, hf, self.shape, self.par)  # before the optimizer copies its main params
@@ -177,68 +174,6 @@ class MegatronTrainerRank:
 
     # -------------------------------------------------------------------------------- forward
 
-    def _token_stats(
-        self, logits: torch.Tensor, mb: TrainBatch, entropy: str | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[b, T] log-probs of the response tokens (logits / temperature, vocab padding dropped) and
-        entropy: "grad", "metric" (no graph) or None."""
-        logits = logits[..., : self.shape.vocab_size]
-        rows = torch.arange(mb.size, device=self.device)[:, None]
-        picked = logits[rows, mb.logit_positions().to(self.device)]  # [b, T, V]
-        valid = mb.response_mask().to(self.device) > 0
-        logp = torch.where(
-            valid, token_logprobs(picked, mb.response_ids.to(self.device), self.temperature), 0.0
-        )
-        ent = None
-        if entropy == "grad":
-            ent = torch.where(valid, entropy_from_logits(picked, self.temperature), 0.0)
-        elif entropy == "metric":
-            with torch.no_grad():
-                ent = torch.where(valid, entropy_from_logits(picked.detach(), self.temperature), 0.0)
-        return logp, ent
-
-    def _schedule(
-        self,
-        model: Any,
-        micro_batches: list[TrainBatch],
-        loss_fn: Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]],
-        forward_only: bool,
-    ) -> list[dict[str, Any]]:
-        """Megatron's forward(-backward) schedule over the micro-batches; ``loss_fn(mb, logits)`` runs
-        on the last pipeline stage. Returns its dicts there ([] elsewhere)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        from .model import causal_mask
-
-        def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
-            mb = next(data)
-            ids = mb.input_ids.to(self.device)
-            b, s = ids.shape
-            positions = torch.arange(s, device=self.device)[None].expand(b, s)
-            return chunk(ids, positions, causal_mask(s, self.device)), partial(loss_fn, mb)
-
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro_batches),
-            model=[model],
-            num_microbatches=len(micro_batches),
-            seq_length=max(int(mb.input_ids.shape[1]) for mb in micro_batches),
-            micro_batch_size=micro_batches[0].size,
-            forward_only=forward_only,
-        )
-
-    def _from_last_stage(self, obj: Any) -> Any:
-        """Results exist on the last pipeline stage: hand them to the other stages."""
-        if self.par.pp == 1:
-            return obj
-        from megatron.core import parallel_state as ps
-
-        box = [obj]
-        dist.broadcast_object_list(
-            box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-        )
-        return box[0]
-
     def _plan(self, size: int) -> list[list[slice]]:
         per_rank = self.spec.training.global_batch_size // self.par.dp
         mbs = self.spec.training.micro_batch_size
@@ -255,7 +190,7 @@ class MegatronTrainerRank:
         def collect(
             mb: TrainBatch, logits: torch.Tensor, entropy: str | None
         ) -> tuple[torch.Tensor, dict[str, Any]]:
-            logp, ent = self._token_stats(logits, mb, entropy)
+            logp, ent = token_stats(logits, mb, self.shape.vocab_size, self.temperature, entropy)
             out = {"logp": pad_columns(logp.float().cpu(), batch.width)}
             if ent is not None:
                 out["entropy"] = pad_columns(ent.float().cpu(), batch.width)
@@ -263,13 +198,25 @@ class MegatronTrainerRank:
 
         self.model.eval()
         try:
-            policy = self._schedule(self.model, mbs, partial(_swap, collect, "metric"), forward_only=True)
+            policy = run_schedule(
+                self.model,
+                mbs,
+                partial(swap_entropy, collect, "metric"),
+                forward_only=True,
+                device=self.device,
+            )
             ref = None
             if self.ref_model is not None:
-                ref = self._schedule(self.ref_model, mbs, partial(_swap, collect, None), forward_only=True)
+                ref = run_schedule(
+                    self.ref_model,
+                    mbs,
+                    partial(swap_entropy, collect, None),
+                    forward_only=True,
+                    device=self.device,
+                )
         finally:
             self.model.train()
-        policy, ref = self._from_last_stage((policy, ref))
+        policy, ref = from_last_stage((policy, ref), self.par.pp)
         return LogProbs(
             logp=torch.cat([d["logp"] for d in policy]),
             ref_logp=None if ref is None else torch.cat([d["logp"] for d in ref]),
@@ -307,7 +254,7 @@ class MegatronTrainerRank:
             raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
         if denominators is None:
             counts = torch.tensor(
-                [_raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
+                [raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
                 dtype=torch.float64,
                 device=self.device,
             )
@@ -342,7 +289,7 @@ class MegatronTrainerRank:
         sums: dict[str, torch.Tensor] = {}
 
         def loss_fn(rows: slice, mb: TrainBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            logp, ent = self._token_stats(logits, mb, entropy)
+            logp, ent = token_stats(logits, mb, self.shape.vocab_size, self.temperature, entropy)
 
             def cut(t: torch.Tensor | None) -> torch.Tensor | None:
                 return None if t is None else t[rows, : mb.width].to(self.device)
@@ -359,21 +306,25 @@ class MegatronTrainerRank:
                 rollout_logp=None if mb.rollout_logp is None else mb.rollout_logp.to(self.device),
                 denominator=denominator,
             )
-            _accumulate(sums, metrics, mask)
+            accumulate(sums, metrics, mask)
             return loss * scale, {}
 
         mbs = [batch.select(rows) for rows in micro_batches]
         row_iter = iter(micro_batches)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._schedule(
-            self.model, mbs, lambda mb, logits: loss_fn(next(row_iter), mb, logits), forward_only=False
+        run_schedule(
+            self.model,
+            mbs,
+            lambda mb, logits: loss_fn(next(row_iter), mb, logits),
+            forward_only=False,
+            device=self.device,
         )
         lr = lr_at(self.step, self.spec.training.optimizer, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         stepped, grad_norm, _ = self.optimizer.step()
-        out = self._reduce_metrics(sums, ps.get_data_parallel_group())
+        out = reduce_metrics(sums, ps.get_data_parallel_group(), self.par.pp)
         out.update(
             grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
             lr=lr,
@@ -381,25 +332,13 @@ class MegatronTrainerRank:
         )
         return out
 
-    def _reduce_metrics(self, sums: dict[str, torch.Tensor], group: Any) -> Metrics:
-        """SUMMED_METRICS added over data-parallel ranks, the others token-weighted means (as the torch
-        backend reports them); computed on the last stage, then shared."""
-        out: Metrics = {}
-        if sums:
-            keys = sorted(k for k in sums if k != "_tokens")
-            packed = torch.stack([sums[k] for k in keys] + [sums["_tokens"]]).to(self.device)
-            dist.all_reduce(packed, group=group)
-            tokens = max(float(packed[-1]), 1.0)
-            for i, key in enumerate(keys):
-                out[key] = float(packed[i]) if key in SUMMED_METRICS else float(packed[i]) / tokens
-            out["tokens"] = float(packed[-1])
-        return self._from_last_stage(out)
-
     # -------------------------------------------------------------------------------- weights
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under HF names (whole: gathered over TP and PP), CPU copies; tied
-        models carry no lm_head.weight (as in their safetensors)."""
+        """The policy's weights under HF names (whole: gathered over TP and PP), CPU copies, on the
+        first rank of the replica (tp = pp = 0); {} on its other ranks. A collective of the replica's
+        TP x PP ranks (the group asks data-parallel rank 0's). Tied models carry no lm_head.weight
+        (as in their safetensors)."""
         from megatron.core import parallel_state as ps
 
         from .model import export_hf_weights
@@ -407,17 +346,60 @@ class MegatronTrainerRank:
         stage = {
             k: v.to("cpu", copy=True) for k, v in export_hf_weights(self.model, self.shape, self.par).items()
         }
-        if self.par.pp == 1:
-            return stage
-        stages: list[Any] = [None] * self.par.pp
-        dist.all_gather_object(stages, stage, group=ps.get_pipeline_model_parallel_group())
-        return {k: v for s in stages for k, v in s.items()}
+        tp0, pp_rank = ps.get_tensor_model_parallel_rank() == 0, ps.get_pipeline_model_parallel_rank()
+        if self.par.pp > 1:
+            group = ps.get_pipeline_model_parallel_group()
+            stages: list[Any] | None = [None] * self.par.pp if pp_rank == 0 else None
+            # Stage 0 of each PP group collects; only TP rank 0's copy is sent (TP peers hold the same).
+            dist.gather_object(
+                stage if tp0 else None, stages, dst=dist.get_global_rank(group, 0), group=group
+            )
+            stage = {k: v for part in stages or [] if part for k, v in part.items()}
+        return stage if tp0 and pp_rank == 0 else {}
 
     def save(self, path: str) -> None:
-        raise NotImplementedError("megatron backend checkpoints (torch_dist) are not implemented yet")
+        """``path/model``: the HF export (global rank 0); ``path/trainer_rank<r>.pt``: every rank's
+        optimizer shard, step and RNG (see ``checkpoint``). Every rank calls it (a collective)."""
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        from . import checkpoint as ckpt
+
+        # Every replica holds the same weights: only data-parallel rank 0's ranks export them.
+        named = self.named_tensors() if ps.get_data_parallel_rank() == 0 else {}
+        if self.rank == 0:
+            ckpt.write_hf_model(named, self.model_path, ckpt.model_dir(path))
+        ckpt.write_rank_state(
+            path,
+            self.rank,
+            {
+                "step": self.step,
+                "layout": self._saved_layout(),
+                "optimizer": ckpt.optimizer_state(self.optimizer),
+                "rng": rng_state(),
+                "megatron_rng": tensor_parallel.get_cuda_rng_tracker().get_states(),
+            },
+        )
+        dist.barrier()
 
     def load(self, path: str) -> None:
-        raise NotImplementedError("megatron backend checkpoints (torch_dist) are not implemented yet")
+        """Restore ``save``'s checkpoint (same layout): weights from the HF export, then the fp32
+        main params and moments of this rank's optimizer shard."""
+        from megatron.core import tensor_parallel
+
+        from . import checkpoint as ckpt
+        from .model import load_hf_weights
+
+        state = ckpt.read_rank_state(path, self.rank, self._saved_layout())
+        load_hf_weights(self.model, ckpt.read_hf_state(ckpt.model_dir(path)), self.shape, self.par)
+        ckpt.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.step = int(state["step"])
+        set_rng_state(state["rng"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron_rng"])
+        dist.barrier()
+
+    def _saved_layout(self) -> dict[str, int]:
+        return {"world_size": self.world_size, "tp": self.par.tp, "pp": self.par.pp, "dp": self.par.dp}
 
     def shutdown(self) -> None:
         from megatron.core import parallel_state as ps
@@ -426,27 +408,3 @@ class MegatronTrainerRank:
             ps.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _swap(
-    collect: Callable[[TrainBatch, torch.Tensor, str | None], Any],
-    entropy: str | None,
-    mb: TrainBatch,
-    logits: torch.Tensor,
-) -> Any:
-    return collect(mb, logits, entropy)
-
-
-def _accumulate(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
-    """One micro-batch's metrics: SUMMED_METRICS add up, the others are weighted by trained tokens."""
-    n = mask.sum().double()
-    sums["_tokens"] = sums.get("_tokens", torch.zeros((), dtype=torch.float64, device=n.device)) + n
-    for key, value in metrics.items():
-        value = value.detach().double()
-        sums[key] = sums.get(key, 0.0) + (value if key in SUMMED_METRICS else value * n)
-
-
-def _raw_count(loss_mask: torch.Tensor, reduction: str) -> float:
-    if reduction == "token":
-        return float(loss_mask.sum())
-    return float((loss_mask.sum(-1) > 0).sum())
