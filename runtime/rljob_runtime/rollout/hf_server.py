@@ -24,7 +24,7 @@ shared/reference/sglang-http.md):
   no prefix cache, so success does nothing else.
 - ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: loads the safetensors of an HF
   directory of the same architecture. ``POST /update_weights_from_tensor``: our CPU format (see
-  ``protocol.serialize_named_tensors``). Both wait for the running batch and bump
+  ``protocol.serialize_named_tensors``) or a CUDA IPC bucket (``sync/cuda_ipc.py``). Both wait for the running batch and bump
   ``weight_version`` when given.
 - ``/release_memory_occupation``, ``/resume_memory_occupation``: no-ops (200).
 - ``/init_weights_update_group``, ``/update_weights_from_distributed``: 400 (NCCL only, GPU).
@@ -59,6 +59,20 @@ from .hf_engine import HFEngine, Request, SamplingParams
 log = logging.getLogger("rljob.hf_server")
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def load_serialized_tensors(engine: HFEngine, data: str, load_format: str | None) -> int:
+    """Load one ``serialized_named_tensors`` string (one TP rank: it holds the full tensors).
+
+    For a CUDA IPC bucket the views point into the trainer's memory: wait for the copies before
+    answering, since the trainer frees the bucket once the request returns."""
+    named = protocol.deserialize_named_tensors(data, load_format)
+    on_gpu = any(t.is_cuda for _, t in named)
+    count = engine.load_named_tensors(named)
+    del named
+    if on_gpu:
+        torch.cuda.synchronize()
+    return count
 
 
 def _bad_request(message: str, status: int = 400) -> web.Response:
@@ -401,13 +415,10 @@ class HFServer:
             )
         load_format = body.get("load_format")
 
-        def load() -> int:
-            # one TP rank: the first entry holds the full tensors
-            return self.engine.load_named_tensors(
-                protocol.deserialize_named_tensors(serialized[0], load_format)
-            )
-
-        return await self._run_update(load, body.get("weight_version"))
+        return await self._run_update(
+            lambda: load_serialized_tensors(self.engine, serialized[0], load_format),
+            body.get("weight_version"),
+        )
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json_or_empty(request)

@@ -88,7 +88,7 @@ class Engine:
 class _WeightUpdate:
     """The latest update, replayed onto a relaunched engine."""
 
-    kind: Literal["disk", "tensors"]
+    kind: Literal["disk", "tensors", "ipc"]
     version: str
     model_path: str | None = None
     serialized: tuple[str, ...] = ()
@@ -504,10 +504,22 @@ class RolloutManager:
         )
         return self._call(self._update_all(update))
 
+    def update_weights_from_ipc(self, payloads: Sequence[str], version: int | str | None = None) -> str:
+        """Push CUDA IPC buckets (``sync/cuda_ipc.py``, one request per bucket) to every engine; the
+        new version. The handles die with the trainer's buckets, so nothing is kept for relaunched
+        engines: they are brought up to date through ``weights_provider`` (CPU format)."""
+        self._raise_if_failed()
+        update = _WeightUpdate(
+            "ipc", self._next_version(version), serialized=tuple(payloads), load_format="flattened_bucket"
+        )
+        return self._call(self._update_all(update))
+
     async def _update_all(self, update: _WeightUpdate) -> str:
         async with self._weights_lock:
             self.weight_version = update.version
             keep = update if update.kind == "disk" or self.weights_provider is None else None
+            if update.kind == "ipc":
+                keep = None  # the handles are only valid until the trainer frees its buckets
             self._last_update = keep or _WeightUpdate("tensors", update.version)
             engines = [e for e in self.engines if e.state == "serving"]
             for engine in engines:
@@ -549,6 +561,16 @@ class RolloutManager:
                     update.model_path, weight_version=update.version
                 )
                 await self._expect(url, "POST", "/update_weights_from_disk", body)
+            elif update.kind == "ipc":
+                # one bucket per request (one TP rank each); the version moves with the last one
+                for i, payload in enumerate(update.serialized):
+                    last = i == len(update.serialized) - 1
+                    body = protocol.update_weights_from_tensor_body(
+                        [payload],
+                        load_format=update.load_format,
+                        weight_version=update.version if last else None,
+                    )
+                    await self._expect(url, "POST", "/update_weights_from_tensor", body)
             else:
                 body = protocol.update_weights_from_tensor_body(
                     list(update.serialized), load_format=update.load_format, weight_version=update.version

@@ -14,6 +14,11 @@ base64 of ``torch.save`` of either
   "end_idx", "numel"}...]}`` (``load_format: "flattened_bucket"``, SGLang's bucket layout),
 
 read back with ``torch.load(weights_only=True)``. Names are Hugging Face parameter names.
+
+With ``load_format: "flattened_bucket"`` a string may instead be a CUDA IPC bucket (colocated sync
+on GPU, ``sync/cuda_ipc.py``): a ``ForkingPickler`` pickle of the same dict with a CUDA tensor, as
+SGLang's ``MultiprocessingSerializer`` writes it; the runtime sends one request per bucket (the list
+still holds one string per TP rank, as in SGLang).
 """
 
 from __future__ import annotations
@@ -317,10 +322,18 @@ def serialize_named_tensors(
 
 
 def deserialize_named_tensors(data: str, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
-    """Inverse of ``serialize_named_tensors``."""
+    """Inverse of ``serialize_named_tensors``; a ``flattened_bucket`` string may also be a CUDA IPC
+    bucket (``sync/cuda_ipc.py``): then the views point into the producer's GPU memory, and the
+    caller must copy them out (and synchronize) before answering."""
     import torch
 
-    payload = torch.load(io.BytesIO(base64.b64decode(data)), weights_only=True, map_location="cpu")
+    raw = base64.b64decode(data)
+    if load_format == "flattened_bucket":
+        from ..sync import cuda_ipc
+
+        if cuda_ipc.is_ipc_payload(raw):
+            return cuda_ipc.decode_bucket(raw)
+    payload = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     if load_format == "flattened_bucket":
         flat = payload["flattened_tensor"]
         return [

@@ -226,6 +226,20 @@ class TrainerGroup:
         exporters = [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
         return _gather([a.named_tensors.remote() for a in exporters])[0]
 
+    @property
+    def supports_cuda_ipc(self) -> bool:
+        """Only the torch backend shares its weights by CUDA IPC (megatron would gather TP/PP
+        shards first); the others fall back to the shared-memory file."""
+        return self.spec.training.backend == "torch" and self.spec.resources.device == "cuda"
+
+    def share_weights_ipc(self, max_bucket_bytes: int) -> tuple[list[str], int]:
+        """IPC payloads and their bytes from rank 0 (its process keeps the buckets until
+        ``release_weights_ipc``)."""
+        return _gather([self.actors[0].share_weights_ipc.remote(max_bucket_bytes)])[0]
+
+    def release_weights_ipc(self) -> None:
+        _gather([self.actors[0].release_weights_ipc.remote()])
+
     def save(self, path: str) -> None:
         _gather([a.save.remote(str(path)) for a in self.actors])
 

@@ -496,6 +496,22 @@ class TorchTrainerRank:
         """The policy's state_dict under Hugging Face names (tied aliases included), detached CPU copies."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
+    def share_weights_ipc(self, max_bucket_bytes: int) -> tuple[list[str], int]:
+        """Colocated GPU sync: the state_dict (HF names) in flattened CUDA buckets, as IPC payloads
+        for ``/update_weights_from_tensor``, and their bytes. This process keeps the buckets until
+        ``release_weights_ipc``: the engines read this memory directly."""
+        from ..sync.cuda_ipc import IpcProducer
+
+        producer = getattr(self, "_ipc_producer", None) or IpcProducer()
+        self._ipc_producer = producer
+        payloads = producer.share(self.model.state_dict().items(), max_bucket_bytes)
+        return payloads, producer.nbytes
+
+    def release_weights_ipc(self) -> None:
+        producer = getattr(self, "_ipc_producer", None)
+        if producer is not None:
+            producer.release()
+
     def save(self, path: str) -> None:
         """``path/model``: HF safetensors + config + tokenizer files (rank 0); ``path/trainer_rank{r}.pt``:
         optimizer, schedule position and RNG state of every rank."""
