@@ -1,0 +1,152 @@
+"""The colocated CUDA IPC weight sync through the runtime's driver (prepare / run) on one GPU: the
+CPU demo's config (tests/learning.py demo_spec: SmolLM2-135M-Instruct, single-digit addition,
+8 prompts x 4 samples, float32) with training.backend torch, rollout.engine hf, resources.device
+cuda and colocate true, so ``sync.choose_transport`` picks ``cuda_ipc`` (trainer rank 0 shares
+flattened CUDA buckets, the engine copies them into its parameters).
+
+Asserted: the run completes; every step's sync went through IPC (the transport, and the
+``sync/buckets`` / ``time/sync_share`` metrics only ``WeightSync._push_ipc`` reports); step 1's
+``train/ppo_kl`` is 0; the samples of step k were generated with weight version k - 1; after the
+last sync a fresh generation carries the last version. As a weight check without a weights
+endpoint (the hf server has no /get_weights_by_name): the engine's per-token log-probs (fp32,
+temperature 1; the demo's rollout temperature 0.8 is set to 1.0 here so the trainer scores at 1 too)
+against the trainer's on the same tokens, every step and after the last sync; they agree only if
+the engine holds the trainer's current weights.
+
+Steps: RLJOB_IPC_STEPS (default 4). Per-step numbers go to stdout and, when RLJOB_RESULTS_DIR is
+set, to a JSON file there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from learning import demo_spec
+
+pytest.importorskip("ray")
+
+from rljob_api.resource import parse_spec
+
+STEPS = int(os.environ.get("RLJOB_IPC_STEPS", "4"))
+KEYS = (
+    "reward/mean",
+    "train/ppo_kl",
+    "time/step",
+    "time/generate",
+    "time/train",
+    "time/sync",
+    "time/sync_share",
+    "sync/bytes",
+    "sync/gb_per_s",
+    "sync/buckets",
+)
+
+
+def _logp_gap(trainer: Any, samples: list[Any]) -> float:
+    """Mean |trainer logp - engine logp| over the trained response tokens."""
+    import torch
+
+    from rljob_runtime.trainer.base import build_batch
+
+    batch = build_batch(samples)
+    logp = trainer.logprobs(samples).logp.float().cpu()
+    width = logp.shape[1]
+    mask = batch.loss_mask[:, :width].float()
+    engine = batch.rollout_logp[:, :width].float()
+    return float(((logp - engine).abs() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rljob_runtime.driver as driver
+    from rljob_runtime.data.sample import Sample
+    from rljob_runtime.models import ModelNotFoundError, resolve_model
+    from rljob_runtime.sync import WeightSync
+
+    doc = demo_spec("grpo", 1, tmp_path / "ckpt", steps=STEPS)
+    doc["training"]["backend"] = "torch"
+    doc["rollout"]["engine"] = "hf"
+    doc["resources"]["device"] = "cuda"
+    doc["resources"]["colocate"] = True
+    doc["resources"]["trainer"] = {"nodes": 1, "gpusPerNode": 1}
+    # The hf engine returns temperature-1 log-probs, the trainer scores at the rollout temperature:
+    # sample at 1.0 (the demo: 0.8) so that the two compare, and any gap is weights or numerics.
+    doc["rollout"]["temperature"] = 1.0
+    try:
+        resolve_model(doc["model"]["path"])
+    except ModelNotFoundError as err:
+        pytest.skip(f"SmolLM2-135M-Instruct is not available offline here: {err}")
+
+    versions: list[list[list[str]]] = []  # per step: each sample's weight_versions
+    gaps: list[float] = []  # per step: engine vs trainer logp, before the step's update
+    pushes: list[dict[str, Any]] = []
+    last: dict[str, Any] = {}
+
+    real_metrics = driver.rollout_metrics
+    real_train = driver._train
+    real_push = WeightSync.push
+
+    def rollout_metrics(samples: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+        versions.append([list(s.weight_versions) for s in samples])
+        last["samples"] = list(samples)
+        return real_metrics(samples, *args, **kwargs)
+
+    def train(spec: Any, trainer: Any, samples: list[Any]) -> dict[str, float]:
+        gaps.append(_logp_gap(trainer, samples))
+        return real_train(spec, trainer, samples)
+
+    def push(self: WeightSync, trainer: Any, rollout: Any, version: int) -> dict[str, float]:
+        out = real_push(self, trainer, rollout, version)
+        pushes.append(
+            {"version": version, "transport": self.transport, "ipc": bool(getattr(trainer, "supports_cuda_ipc", False))}
+        )
+        if version == STEPS:  # after the last sync: a fresh generation must use the new weights
+            fresh = [
+                Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, prompt_ids=list(s.prompt_ids), label=s.label)
+                for s in last["samples"]
+            ]
+            rollout.generate(fresh)
+            last["versions"] = [list(s.weight_versions) for s in fresh]
+            last["gap"] = _logp_gap(trainer, fresh)
+            last["stale_gap"] = _logp_gap(trainer, last["samples"])  # made by version STEPS - 1: the scale of one update
+        return out
+
+    monkeypatch.setattr(driver, "rollout_metrics", rollout_metrics)
+    monkeypatch.setattr(driver, "_train", train)
+    monkeypatch.setattr(WeightSync, "push", push)
+
+    from rljob_runtime.driver import RunOptions, prepare, run
+
+    result = run(prepare(parse_spec(doc)), RunOptions())
+
+    rows = [{k: round(float(h.get(k, float("nan"))), 6) for k in ("step", *KEYS)} for h in result.history]
+    for i, row in enumerate(rows):
+        row["logp_gap_engine_vs_trainer"] = round(gaps[i], 6) if i < len(gaps) else None
+        row["weight_versions"] = sorted({v for vs in versions[i] for v in vs}) if i < len(versions) else None
+        print("ipc", json.dumps(row), flush=True)
+    print("ipc pushes", json.dumps(pushes), flush=True)
+    print("ipc after last sync", json.dumps({"versions": sorted({v for vs in last.get("versions", []) for v in vs}), "gap": last.get("gap"), "stale_gap": last.get("stale_gap")}), flush=True)
+    out = os.environ.get("RLJOB_RESULTS_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "ipc-grpo.json").write_text(
+            json.dumps({"rows": rows, "pushes": pushes, "after_last_sync": {k: v for k, v in last.items() if k != "samples"}}, indent=1)
+        )
+
+    assert result.steps_done == STEPS and len(result.history) == STEPS
+    assert [p["version"] for p in pushes] == list(range(1, STEPS + 1))
+    assert all(p["transport"] == "cuda_ipc" and p["ipc"] for p in pushes), pushes
+    for h in result.history:
+        assert "sync/buckets" in h and "time/sync_share" in h, sorted(h)  # only the IPC path reports these
+        assert h["sync/buckets"] >= 1 and h["sync/bytes"] > 0
+    assert abs(result.history[0]["train/ppo_kl"]) < 1e-6, result.history[0]["train/ppo_kl"]
+    # Step k's samples were generated after sync k - 1 (step 1: the engine's initial weights).
+    assert all(vs == ["default"] for vs in versions[0]), versions[0]
+    for k in range(2, STEPS + 1):
+        assert all(vs == [str(k - 1)] for vs in versions[k - 1]), (k, versions[k - 1])
+    assert last["versions"] and all(vs == [str(STEPS)] for vs in last["versions"]), last["versions"]
+    # The engine's log-probs match the trainer's current weights (fp32 both sides) at every step.
+    assert all(g < 1e-3 for g in gaps) and last["gap"] < 1e-3, (gaps, last["gap"])
