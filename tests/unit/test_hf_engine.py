@@ -78,3 +78,17 @@ def test_zero_tokens_and_bad_params(engine: HFEngine) -> None:
     assert req.output_ids == [] and req.finish_reason == {"type": "length", "length": 0}
     with pytest.raises(ValueError):
         SamplingParams.from_json({"top_p": 0})
+
+
+def test_logprobs_are_under_the_sampling_temperature(engine: HFEngine) -> None:
+    """As SGLang reports them and the trainer recomputes them: log_softmax(logits / T), untempered
+    when greedy (a teacher-forced pass over the same tokens gives the same numbers)."""
+    for temperature in (0.0, 0.5, 1.0):
+        params = {"temperature": temperature, "max_new_tokens": 6, "ignore_eos": True}
+        (req,) = _run(engine, [_req(f"t{temperature}", params, seed=11)])
+        ids = torch.tensor([PROMPT + req.output_ids])
+        with torch.no_grad():
+            logits = engine.model(ids).logits[0, len(PROMPT) - 1 : -1].float()
+        scale = temperature if temperature > 0 else 1.0
+        forced = torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(req.output_ids)[:, None])[:, 0]
+        assert req.output_logprobs == pytest.approx(forced.tolist(), abs=2e-4), temperature

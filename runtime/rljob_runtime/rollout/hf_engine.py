@@ -5,10 +5,11 @@ queue, the HTTP side and the asyncio loop. Requests of one batch are left-padded
 and decoded step by step with a shared KV cache; a finished request leaves the batch at once
 (its KV rows are dropped) and its result is handed back through ``on_finish``.
 
-Logprobs: for each generated token we return ``log_softmax(logits)[token]`` of the model's raw
-next-token logits in float32, i.e. the log-probability under the temperature-1 distribution before
-top-k / top-p / min-p filtering, whatever sampling parameters were used to pick the token. This is
-what a trainer recomputes from the same weights, so the train-vs-rollout gap measures only numerics.
+Logprobs: for each generated token we return ``log_softmax(logits / temperature)[token]`` of the
+model's next-token logits in float32 (the raw ``log_softmax(logits)`` when greedy), before top-k /
+top-p / min-p filtering, as SGLang does. The trainer recomputes ``log_softmax(logits /
+rollout.temperature)`` from the same weights (as slime does), so the train-vs-rollout gap measures
+only numerics and TIS ratios start at 1.
 
 Determinism: each request samples with its own ``torch.Generator`` seeded from
 ``sampling_params.sampling_seed`` when given, else from the server seed and the request's arrival
@@ -175,16 +176,21 @@ class HFEngine:
     # ---- generation ---------------------------------------------------------------------------
 
     def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[float]]:
-        """Choose one token per row; return the tokens and their temperature-1 logprobs."""
+        """Choose one token per row; return the tokens and their logprobs as SGLang reports them:
+        under the temperature-scaled distribution (before top-k/top-p), untempered when greedy. The
+        trainer recomputes log_softmax(logits / rollout.temperature), so TIS ratios start at 1."""
         logits = logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)
         tokens: list[int] = []
+        token_logprobs: list[float] = []
         for row, req in enumerate(reqs):
             p = req.params
             if p.greedy:
-                tokens.append(int(torch.argmax(logits[row])))
+                token = int(torch.argmax(logits[row]))
+                tokens.append(token)
+                token_logprobs.append(float(torch.log_softmax(logits[row], dim=-1)[token]))
                 continue
             scores = logits[row] / p.temperature
+            tempered = torch.log_softmax(scores, dim=-1)
             if p.top_k > 0 and p.top_k < scores.numel():
                 kth = torch.topk(scores, p.top_k).values[-1]
                 scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -197,9 +203,9 @@ class HFEngine:
                 probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
             if p.min_p > 0.0:
                 probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-            tokens.append(int(torch.multinomial(probs, 1, generator=req.generator)))
-        chosen = torch.tensor(tokens, device=logits.device)
-        token_logprobs = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+            token = int(torch.multinomial(probs, 1, generator=req.generator))
+            tokens.append(token)
+            token_logprobs.append(float(tempered[token]))
         return tokens, token_logprobs
 
     def _check_finish(self, req: Request, token: int) -> None:
