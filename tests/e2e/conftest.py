@@ -98,9 +98,25 @@ def _status(name: str) -> tuple[bool, dict[str, Any]]:
     return proc.returncode == 0 and bool(info.get("ok")), info
 
 
+def _refuse_a_second_operator(name: str) -> None:
+    """`make demo` leaves its operator running on the cluster; the tests start their own, and two
+    operators reconciling the same jobs make the operator tests meaningless."""
+    from rljob_demo import operator_proc
+
+    cache = Path(os.environ.get("RLJOB_CACHE", Path.home() / ".cache" / "rljob"))
+    info = operator_proc.running(cache / "demo" / name / "operator.json")
+    if info is not None:
+        pytest.fail(
+            f"the `make demo` operator (pid {info.pid}) runs on cluster {name}: stop it with "
+            f"`make demo-down` (or RLJOB_CLUSTER=<another name> for the tests)",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
+    _refuse_a_second_operator(name)
     ok, info = _status(name)
     started = False
     if not ok:
