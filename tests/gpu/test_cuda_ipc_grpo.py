@@ -48,7 +48,6 @@ KEYS = (
 
 def _logp_gap(trainer: Any, samples: list[Any]) -> float:
     """Mean |trainer logp - engine logp| over the trained response tokens."""
-    import torch
 
     from rljob_runtime.trainer.base import build_batch
 
@@ -101,17 +100,29 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
     def push(self: WeightSync, trainer: Any, rollout: Any, version: int) -> dict[str, float]:
         out = real_push(self, trainer, rollout, version)
         pushes.append(
-            {"version": version, "transport": self.transport, "ipc": bool(getattr(trainer, "supports_cuda_ipc", False))}
+            {
+                "version": version,
+                "transport": self.transport,
+                "ipc": bool(getattr(trainer, "supports_cuda_ipc", False)),
+            }
         )
         if version == STEPS:  # after the last sync: a fresh generation must use the new weights
             fresh = [
-                Sample(group_index=s.group_index, index=s.index, prompt=s.prompt, prompt_ids=list(s.prompt_ids), label=s.label)
+                Sample(
+                    group_index=s.group_index,
+                    index=s.index,
+                    prompt=s.prompt,
+                    prompt_ids=list(s.prompt_ids),
+                    label=s.label,
+                )
                 for s in last["samples"]
             ]
             rollout.generate(fresh)
             last["versions"] = [list(s.weight_versions) for s in fresh]
             last["gap"] = _logp_gap(trainer, fresh)
-            last["stale_gap"] = _logp_gap(trainer, last["samples"])  # made by version STEPS - 1: the scale of one update
+            last["stale_gap"] = _logp_gap(
+                trainer, last["samples"]
+            )  # made by version STEPS - 1: the scale of one update
         return out
 
     monkeypatch.setattr(driver, "rollout_metrics", rollout_metrics)
@@ -128,12 +139,29 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
         row["weight_versions"] = sorted({v for vs in versions[i] for v in vs}) if i < len(versions) else None
         print("ipc", json.dumps(row), flush=True)
     print("ipc pushes", json.dumps(pushes), flush=True)
-    print("ipc after last sync", json.dumps({"versions": sorted({v for vs in last.get("versions", []) for v in vs}), "gap": last.get("gap"), "stale_gap": last.get("stale_gap")}), flush=True)
+    print(
+        "ipc after last sync",
+        json.dumps(
+            {
+                "versions": sorted({v for vs in last.get("versions", []) for v in vs}),
+                "gap": last.get("gap"),
+                "stale_gap": last.get("stale_gap"),
+            }
+        ),
+        flush=True,
+    )
     out = os.environ.get("RLJOB_RESULTS_DIR")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "ipc-grpo.json").write_text(
-            json.dumps({"rows": rows, "pushes": pushes, "after_last_sync": {k: v for k, v in last.items() if k != "samples"}}, indent=1)
+            json.dumps(
+                {
+                    "rows": rows,
+                    "pushes": pushes,
+                    "after_last_sync": {k: v for k, v in last.items() if k != "samples"},
+                },
+                indent=1,
+            )
         )
 
     assert result.steps_done == STEPS and len(result.history) == STEPS
