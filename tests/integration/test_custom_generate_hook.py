@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 import torch
 import transformers
+from rollout_on_ray import rollout_on_ray
 
-from rljob_runtime import placement as placement_mod
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.models import SMOLLM2_ID, resolve_model
@@ -67,28 +66,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "faultTolerance": {"engineHealthCheck": {"firstWaitSeconds": 600}},
     }
     spec = config_from_document(doc).spec
-    ray.init(
-        num_cpus=2,
-        resources=placement_mod.local_resources(spec),
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}},
-    )
-    manager = None
-    try:
-        placement = placement_mod.create_placement(spec, timeout_s=60)
-        manager = RolloutManager.create(
-            spec, model, placement, retry=RetryPolicy(max_attempts=30, backoff_s=0.5), log_dir=tmp / "logs"
-        )
+    with rollout_on_ray(
+        spec, model, tmp / "logs", retry=RetryPolicy(max_attempts=30, backoff_s=0.5)
+    ) as manager:
         yield Env(manager, model, transformers.AutoTokenizer.from_pretrained(str(model)))
-    except BaseException:
-        for log in sorted((tmp / "logs").rglob("*.log")):
-            sys.stderr.write(f"---- {log}\n{log.read_text(errors='replace')[-3000:]}\n")
-        raise
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        ray.shutdown()
 
 
 def prompts(tokenizer: Any, n: int) -> list[Sample]:

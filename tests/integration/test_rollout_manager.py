@@ -9,7 +9,6 @@ Random-weight 2-layer models (SmolLM2's tokenizer) make every generation cheap.
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ import pytest
 import ray
 import torch
 import transformers
+from rollout_on_ray import rollout_on_ray
 
-from rljob_runtime import placement as placement_mod
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.models import make_tiny_model
@@ -73,33 +72,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     model_a = make_tiny_model(tmp / "model-a", seed=1)
     model_b = make_tiny_model(tmp / "model-b", seed=2)
     spec = _spec(model_a)
-    ray.init(
-        num_cpus=2,
-        resources=placement_mod.local_resources(spec),
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}},
-    )
-    manager = None
-    try:
-        placement = placement_mod.create_placement(spec, timeout_s=60)
-        assert placement.colocated and len(placement.engine_slots()) == 2
-        manager = RolloutManager.create(
-            spec,
-            model_a,
-            placement,
-            retry=RetryPolicy(max_attempts=60, backoff_s=0.5),
-            log_dir=tmp / "logs",
-        )
+    retry = RetryPolicy(max_attempts=60, backoff_s=0.5)
+    with rollout_on_ray(spec, model_a, tmp / "logs", retry=retry, engines=2) as manager:
         yield Env(manager, model_a, model_b, tmp / "logs")
-    except BaseException:
-        for log in sorted((tmp / "logs").rglob("*.log")):
-            sys.stderr.write(f"---- {log}\n{log.read_text(errors='replace')[-3000:]}\n")
-        raise
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        ray.shutdown()
 
 
 def get(url: str) -> Any:

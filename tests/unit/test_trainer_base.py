@@ -15,12 +15,15 @@ from rljob_runtime.trainer.base import (
     TrainBatch,
     build_batch,
     check_per_token,
+    check_policy_inputs,
     local_plan,
     loss_denominator,
     lr_at,
+    mean_metrics,
     pad_columns,
     pad_per_token,
     rank_rows,
+    step_counts,
     unpad_per_token,
 )
 
@@ -116,6 +119,28 @@ def test_loss_denominator() -> None:
     assert loss_denominator(mask, "token") == 4.0
     assert loss_denominator(mask, "sample") == 2.0  # the empty response does not count
     assert loss_denominator(torch.zeros(2, 3), "token") == 1.0
+
+
+def test_step_counts_are_this_ranks_unclamped_counts_per_step() -> None:
+    batch = build_batch(samples())
+    one_step_per_row = [[slice(0, 1)], [slice(1, 2)], [slice(2, 3)]]
+    counts = step_counts(batch, one_step_per_row, "token")
+    assert counts.dtype == torch.float64
+    assert counts.tolist() == [float(batch.loss_mask[i].sum()) for i in range(3)]
+    assert 0.0 in step_counts(batch, one_step_per_row, "sample").tolist()  # summed over ranks, then clamped
+
+
+def test_mean_metrics_average_over_steps() -> None:
+    assert mean_metrics([{"loss": 1.0, "kl": 0.0}, {"loss": 3.0, "kl": 1.0}]) == {"loss": 2.0, "kl": 0.5}
+
+
+def test_policy_inputs_need_ref_logp_only_with_kl_loss() -> None:
+    batch = build_batch(samples())
+    lp = torch.zeros(batch.size, batch.width)
+    adv, old, ref = check_policy_inputs(batch, lp, lp, None, use_kl_loss=False)
+    assert ref is None and adv.shape == old.shape == (batch.size, batch.width)
+    with pytest.raises(ValueError, match="useKLLoss needs ref_logp"):
+        check_policy_inputs(batch, lp, lp, None, use_kl_loss=True)
 
 
 # ------------------------------------------------------------------------------------ sharding

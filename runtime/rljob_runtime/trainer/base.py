@@ -176,16 +176,36 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     )
 
 
-def loss_denominator(loss_mask: torch.Tensor, reduction: Reduction) -> float:
-    """The count ``reduce_loss`` divides by over a whole global batch: trained tokens (token reduction)
-    or samples with at least one trained token (sample reduction); at least 1."""
+def loss_count(loss_mask: torch.Tensor, reduction: Reduction) -> float:
+    """What ``reduce_loss`` divides by, counted over ``loss_mask`` (one rank's share may be 0):
+    trained tokens (token reduction) or samples with at least one trained token (sample)."""
     if reduction == "token":
-        count = float(loss_mask.sum())
-    elif reduction == "sample":
-        count = float((loss_mask.sum(-1) > 0).sum())
-    else:
-        raise ValueError(f"unknown loss reduction {reduction!r}")
-    return max(count, 1.0)
+        return float(loss_mask.sum())
+    if reduction == "sample":
+        return float((loss_mask.sum(-1) > 0).sum())
+    raise ValueError(f"unknown loss reduction {reduction!r}")
+
+
+def loss_denominator(loss_mask: torch.Tensor, reduction: Reduction) -> float:
+    """``loss_count`` over a whole global batch, at least 1."""
+    return max(loss_count(loss_mask, reduction), 1.0)
+
+
+def step_counts(batch: TrainBatch, plan: Sequence[Sequence[slice]], reduction: Reduction) -> torch.Tensor:
+    """This rank's ``loss_count`` per optimizer step of ``plan`` (float64: all-reduced into the
+    global batches' denominators by the backend)."""
+    return torch.tensor(
+        [loss_count(batch.loss_mask[s[0].start : s[-1].stop], reduction) for s in plan], dtype=torch.float64
+    )
+
+
+def mean_metrics(per_step: Sequence[Metrics]) -> Metrics:
+    """Metrics of a rollout's optimizer steps, averaged over the steps."""
+    totals: dict[str, float] = {}
+    for metrics in per_step:
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+    return {key: value / len(per_step) for key, value in totals.items()}
 
 
 # ------------------------------------------------------------------------------------------ sharding
@@ -372,3 +392,20 @@ def check_per_token(name: str, tensor: Any, batch: TrainBatch) -> torch.Tensor:
             f"{name}: {tensor.shape[1]} columns but the longest response has {int(batch.response_lengths.max())}"
         )
     return pad_columns(tensor.float(), batch.width)
+
+
+def check_policy_inputs(
+    batch: TrainBatch,
+    advantages: Any,
+    old_logp: Any,
+    ref_logp: Any,
+    use_kl_loss: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``train``'s per-token inputs checked and padded to the batch (every backend's contract)."""
+    advantages = check_per_token("advantages", advantages, batch)
+    old_logp = check_per_token("old_logp", old_logp, batch)
+    if ref_logp is not None:
+        ref_logp = check_per_token("ref_logp", ref_logp, batch)
+    elif use_kl_loss:
+        raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
+    return advantages, old_logp, ref_logp

@@ -42,9 +42,12 @@ from .base import (
     Metrics,
     TrainBatch,
     check_per_token,
+    check_policy_inputs,
     local_plan,
     lr_at,
+    mean_metrics,
     pad_columns,
+    step_counts,
 )
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
 
@@ -349,12 +352,9 @@ class TorchTrainerRank:
         algo = spec.algorithm
         per_rank = spec.training.global_batch_size // self.world_size
         plan = local_plan(batch.size, per_rank, spec.training.micro_batch_size)
-        advantages = check_per_token("advantages", advantages, batch)
-        old_logp = check_per_token("old_logp", old_logp, batch)
-        if ref_logp is not None:
-            ref_logp = check_per_token("ref_logp", ref_logp, batch)
-        elif algo.use_kl_loss:
-            raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
+        advantages, old_logp, ref_logp = check_policy_inputs(
+            batch, advantages, old_logp, ref_logp, algo.use_kl_loss
+        )
         critic_targets = None
         if self.critic is not None:
             if values is None or returns is None:
@@ -364,15 +364,12 @@ class TorchTrainerRank:
                 check_per_token("returns", returns, batch),
             )
         if denominators is None:
-            counts = torch.tensor(
-                [_raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
-                dtype=torch.float64,
-            )
+            counts = step_counts(batch, plan, algo.loss_reduction)
             denominators = self._all_reduce(counts).clamp(min=1.0).tolist()
         if len(denominators) != len(plan):
             raise ValueError(f"{len(denominators)} denominators for {len(plan)} optimizer steps")
 
-        totals: dict[str, float] = {}
+        per_step: list[Metrics] = []
         for step_slices, denominator in zip(plan, denominators, strict=True):
             metrics = self._optimizer_step(
                 batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
@@ -381,9 +378,8 @@ class TorchTrainerRank:
                 metrics.update(self._critic_step(batch, step_slices, *critic_targets, float(denominator)))
             if not metrics["skipped_step"]:
                 self.step += 1
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-        return {key: value / len(plan) for key, value in totals.items()}
+            per_step.append(metrics)
+        return mean_metrics(per_step)
 
     def _optimizer_step(
         self,
@@ -616,12 +612,6 @@ def _load_weights(model: torch.nn.Module, directory: Path) -> None:
         for name, tensor in weights.items():
             if name in buffers:
                 buffers[name].copy_(tensor.to(buffers[name].device, buffers[name].dtype))
-
-
-def _raw_count(loss_mask: torch.Tensor, reduction: str) -> float:
-    if reduction == "token":
-        return float(loss_mask.sum())
-    return float((loss_mask.sum(-1) > 0).sum())
 
 
 def _forward_params(model: torch.nn.Module) -> set[str]:

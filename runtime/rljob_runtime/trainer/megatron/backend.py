@@ -28,7 +28,17 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from ...algo.batching import steps_per_rollout
 from ...algo.losses import policy_loss
-from ..base import LogProbs, Metrics, TrainBatch, check_per_token, local_plan, lr_at, pad_columns
+from ..base import (
+    LogProbs,
+    Metrics,
+    TrainBatch,
+    check_policy_inputs,
+    local_plan,
+    lr_at,
+    mean_metrics,
+    pad_columns,
+    step_counts,
+)
 from ..torch_backend import (
     _free_port,
     _node_ip,
@@ -42,7 +52,6 @@ from .checks import check_megatron
 from .schedule import (
     accumulate,
     from_last_stage,
-    raw_count,
     reduce_metrics,
     run_schedule,
     swap_entropy,
@@ -246,30 +255,22 @@ class MegatronTrainerRank:
             self.spec.training.global_batch_size // self.par.dp,
             self.spec.training.micro_batch_size,
         )
-        advantages = check_per_token("advantages", advantages, batch)
-        old_logp = check_per_token("old_logp", old_logp, batch)
-        if ref_logp is not None:
-            ref_logp = check_per_token("ref_logp", ref_logp, batch)
-        elif algo.use_kl_loss:
-            raise ValueError("algorithm.useKLLoss needs ref_logp (from logprobs())")
+        advantages, old_logp, ref_logp = check_policy_inputs(
+            batch, advantages, old_logp, ref_logp, algo.use_kl_loss
+        )
         if denominators is None:
-            counts = torch.tensor(
-                [raw_count(batch.loss_mask[s[0].start : s[-1].stop], algo.loss_reduction) for s in plan],
-                dtype=torch.float64,
-                device=self.device,
-            )
+            counts = step_counts(batch, plan, algo.loss_reduction).to(self.device)
             dist.all_reduce(counts, group=ps.get_data_parallel_group())
             denominators = counts.clamp(min=1.0).tolist()
-        totals: dict[str, float] = {}
+        per_step: list[Metrics] = []
         for step_slices, denominator in zip(plan, denominators, strict=True):
             metrics = self._optimizer_step(
                 batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
             )
             if not metrics["skipped_step"]:
                 self.step += 1
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-        return {key: value / len(plan) for key, value in totals.items()}
+            per_step.append(metrics)
+        return mean_metrics(per_step)
 
     def _optimizer_step(
         self,

@@ -114,9 +114,3 @@ def accumulate(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], 
     for key, value in metrics.items():
         value = value.detach().double()
         sums[key] = sums.get(key, 0.0) + (value if key in SUMMED_METRICS else value * n)
-
-
-def raw_count(loss_mask: torch.Tensor, reduction: str) -> float:
-    if reduction == "token":
-        return float(loss_mask.sum())
-    return float((loss_mask.sum(-1) > 0).sum())
