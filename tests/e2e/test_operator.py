@@ -190,17 +190,16 @@ def test_suspend_frees_gpus_and_resume_restarts(crd: Any, operator: OperatorProc
     wait_for("Running again", in_phase(crd, namespace, "pausable", "Running"), operator, timeout=180)
 
 
-def test_delete_cascades_to_every_child(crd: Any, operator: OperatorProcess, namespace: str) -> None:
-    crd.apply(_in(namespace, job("doomed")))
-    st = wait_for("Running", in_phase(crd, namespace, "doomed", "Running"), operator)
-    cluster_name = st["children"]["rayCluster"]
-    crd.kubectl("delete", "rljob", "doomed", "-n", namespace)
+def wait_children_deleted(
+    crd: Any, namespace: str, job: str, ray_cluster: str, operator: OperatorProcess
+) -> None:
+    """Every child of a deleted job goes (garbage collection through owner references)."""
     for kind, name in [
-        ("rayjob", "doomed"),
-        ("raycluster", cluster_name),
-        ("serviceaccount", "doomed-runtime"),
-        ("role", "doomed-runtime"),
-        ("rolebinding", "doomed-runtime"),
+        ("rayjob", job),
+        ("raycluster", ray_cluster),
+        ("serviceaccount", f"{job}-runtime"),
+        ("role", f"{job}-runtime"),
+        ("rolebinding", f"{job}-runtime"),
     ]:
         wait_for(
             f"{kind} {name} deleted",
@@ -208,8 +207,16 @@ def test_delete_cascades_to_every_child(crd: Any, operator: OperatorProcess, nam
             operator,
         )
     wait_for(
-        "pods deleted", lambda: crd.list("pods", namespace, "rljob.dev/job=doomed") == [] or None, operator
+        "pods deleted", lambda: crd.list("pods", namespace, f"rljob.dev/job={job}") == [] or None, operator
     )
+
+
+def test_delete_cascades_to_every_child(crd: Any, operator: OperatorProcess, namespace: str) -> None:
+    crd.apply(_in(namespace, job("doomed")))
+    st = wait_for("Running", in_phase(crd, namespace, "doomed", "Running"), operator)
+    cluster_name = st["children"]["rayCluster"]
+    crd.kubectl("delete", "rljob", "doomed", "-n", namespace)
+    wait_children_deleted(crd, namespace, "doomed", cluster_name, operator)
 
 
 def test_operator_restart_mid_flight_changes_nothing(
@@ -555,18 +562,7 @@ def test_deleting_a_training_job_stops_the_ray_job_and_removes_its_children(
     marker = str(tmp_path / "tiny")  # the model path: in the runtime's config and the engines' command lines
     assert processes_mentioning(marker), "the runtime's processes should be running"
     crd.kubectl("delete", "rljob", "cancelled", "-n", namespace)
-    for kind, name in [
-        ("rayjob", "cancelled"),
-        ("raycluster", st["children"]["rayCluster"]),
-        ("serviceaccount", "cancelled-runtime"),
-        ("role", "cancelled-runtime"),
-        ("rolebinding", "cancelled-runtime"),
-    ]:
-        wait_for(
-            f"{kind} {name} deleted",
-            lambda k=kind, n=name: crd.get(k, n, namespace) is None or None,
-            operator,
-        )
+    wait_children_deleted(crd, namespace, "cancelled", st["children"]["rayCluster"], operator)
     wait_for("the Ray job stopped", lambda: ray_job_status(crd, job_id) == "STOPPED" or None, operator)
     wait_for(
         "the runtime's processes gone", lambda: not processes_mentioning(marker) or None, operator, timeout=90
