@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "installing the Python environment into $(VENV) (the first time: torch and its CUDA wheels, about 6 GB, a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,operator,runtime,demo]'
+	$(PY) -m pip install --quiet -e '.[dev,operator,runtime,demo,megatron]'
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 

@@ -97,6 +97,7 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     model_path = str(resolve_model(spec.model.path))
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
+        check_megatron_installed()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_path)
@@ -118,19 +119,23 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
 
 
 def megatron_unsupported(spec: RLTrainingJobSpec) -> list[str]:
-    """What the megatron backend cannot do yet, by name (megatron-core itself included)."""
+    """The spec's options the megatron backend cannot do yet, by name."""
     from .trainer.megatron.checks import unsupported_options
 
-    out = unsupported_options(spec)
+    return unsupported_options(spec)
+
+
+def check_megatron_installed() -> None:
+    """Checked after the layout, so a manifest's mistakes are named on any machine."""
     try:
         found = importlib.util.find_spec("megatron.core") is not None
     except ModuleNotFoundError:
         found = False
     if not found:
-        out.append(
-            "training.backend megatron without megatron-core installed (pip install 'rljob[megatron]')"
+        raise RunError(
+            "not supported by this runtime yet: training.backend megatron without megatron-core "
+            "installed (pip install 'rljob[megatron]')"
         )
-    return out
 
 
 def check_megatron_layout(spec: RLTrainingJobSpec, model_path: str) -> None:

@@ -137,6 +137,24 @@ def test_prepare_refuses_an_unsupported_architecture(tmp_path: Path) -> None:
         prepare(_spec(path=_model(tmp_path, config)))
 
 
+def test_a_layout_that_fits_is_refused_only_for_missing_megatron_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def without_megatron(name: str, *args: Any) -> Any:
+        return None if name.startswith("megatron") else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_megatron)
+    spec = _spec(path=_model(tmp_path, SMOLLM2_135M))
+    with pytest.raises(
+        RunError, match=r"without megatron-core installed \(pip install 'rljob\[megatron\]'\)"
+    ):
+        prepare(spec)
+
+
 def test_a_global_batch_must_split_over_data_parallel_ranks() -> None:
     # The spec's rules refuse this for the spec's GPUs; a rank checks the world it was started in.
     with pytest.raises(ValueError, match="globalBatchSize 8 does not split over 3 data-parallel ranks"):
