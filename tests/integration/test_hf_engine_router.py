@@ -32,6 +32,7 @@ import transformers
 
 from rljob_runtime.models import make_tiny_model
 from rljob_runtime.rollout import protocol
+from rljob_runtime.sync.checksum import checksums
 
 HOST = "127.0.0.1"
 PROMPT = [1780, 314, 216, 34, 27, 35, 47]  # "What is 2+3?" in SmolLM2's tokenizer
@@ -295,6 +296,11 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
         answer = greedy(url)
         assert answer["output_ids"] == tokens_a
         assert answer["meta_info"]["weight_version"] == "3"
+        served = get(f"{url}/weights_checksum")
+        assert served["checksums"] == {k: list(v) for k, v in checksums(named).items()}
+    one = get(f"{cluster.engines[0]}/weights_checksum?names=model.norm.weight")["checksums"]
+    assert list(one) == ["model.norm.weight"]
+    assert http("GET", f"{cluster.engines[0]}/weights_checksum?names=nope")[0] == 404
     bad = protocol.update_weights_from_tensor_body(
         [protocol.serialize_named_tensors([("nope", torch.zeros(2))])]
     )

@@ -138,14 +138,14 @@ class HFEngine:
 
     # ---- weights --------------------------------------------------------------------------------
 
-    def _named_targets(self) -> dict[str, torch.Tensor]:
+    def named_weights(self) -> dict[str, torch.Tensor]:
         # state_dict names include tied aliases (lm_head.weight) that named_parameters() dedups
         return {name: tensor.data for name, tensor in self.model.state_dict(keep_vars=True).items()}
 
     @torch.no_grad()
     def load_named_tensors(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the model's parameters by HF name; unknown names or shapes raise ValueError."""
-        targets = self._named_targets()
+        targets = self.named_weights()
         pending = []
         for name, tensor in named:
             if name not in targets:

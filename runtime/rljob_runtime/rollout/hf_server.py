@@ -420,6 +420,25 @@ class HFServer:
             body.get("weight_version"),
         )
 
+    async def weights_checksum(self, request: web.Request) -> web.Response:
+        """rljob's own endpoint (SGLang has none): exact per-tensor checksums of the served weights
+        (``sync/checksum.py``), so a test or benchmark can show they equal the trainer's after a sync.
+        ``?names=a,b`` limits it to those tensors."""
+        from ..sync.checksum import checksums
+
+        wanted = request.query.get("names")
+        targets = self.engine.named_weights()
+        if wanted:
+            unknown = [n for n in wanted.split(",") if n not in targets]
+            if unknown:
+                return _bad_request(f"unknown parameter(s) {unknown[:5]}", status=404)
+            targets = {n: targets[n] for n in wanted.split(",")}
+        assert self.loop is not None
+        sums = await self.loop.run_in_executor(self.executor, lambda: checksums(targets.items()))
+        return web.json_response(
+            {"weight_version": self.weight_version, "checksums": {k: list(v) for k, v in sums.items()}}
+        )
+
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json_or_empty(request)
         if body.get("new_version") is None:
@@ -499,6 +518,7 @@ class HFServer:
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
         r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_get("/weights_checksum", self.weights_checksum)
         for path in (
             "/init_weights_update_group",
             "/update_weights_from_distributed",
