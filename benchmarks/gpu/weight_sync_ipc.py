@@ -98,7 +98,7 @@ def engine_main(conn: Any, shapes: Shapes) -> None:
     params = random_tensors(shapes, seed=12345)  # not the producer's values: a missed copy shows
     engine = HFEngine.__new__(HFEngine)  # only the weight loader: no model directory needed
     engine.lock = threading.Lock()
-    engine._named_targets = lambda: params  # type: ignore[method-assign]
+    engine.named_weights = lambda: params  # type: ignore[method-assign]
     conn.send("ready")
     while True:
         cmd, arg = conn.recv()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rljob_runtime.rollout import protocol
+from rljob_runtime.sync.nccl import BucketSpec
 
 INSTALL_HINT = (
     "the SGLang contract test needs the sglang wheel's source (never imported): "
@@ -148,7 +149,11 @@ def test_builders_send_only_declared_fields() -> None:
         "/update_weights_from_distributed": [
             protocol.update_weights_from_distributed_body(
                 names=["a"], dtypes=["bfloat16"], shapes=[[2, 2]], group_name="g", weight_version="4"
-            )
+            ),
+            protocol.update_weights_from_distributed_body(
+                names=["a"], dtypes=["bfloat16"], shapes=[[2]], group_name="g", load_format="flattened_bucket"
+            ),
+            BucketSpec(("a",), ("bfloat16",), ((2, 2),)).body("g", "5"),
         ],
         "/destroy_weights_update_group": [protocol.destroy_weights_update_group_body("g")],
         "/release_memory_occupation": [

@@ -159,14 +159,14 @@ def _spec(device: str = "cuda", colocate: bool = True, backend: str = "torch") -
 
 def test_transport_choice() -> None:
     assert choose_transport(_spec(), single_node=True) == "cuda_ipc"
-    assert choose_transport(_spec(colocate=False), single_node=True) == "disk"
+    assert choose_transport(_spec(colocate=False), single_node=True) == "nccl"
+    assert choose_transport(_spec(colocate=False), single_node=False) == "nccl"
     assert choose_transport(_spec(device="cpu"), single_node=True) == "disk"
     assert choose_transport(_spec(device="cpu"), single_node=False) == "tensors"
     check_supported(_spec(), single_node=True)
-    with pytest.raises(NotImplementedError):
+    check_supported(_spec(colocate=False), single_node=False)  # engines on their own GPUs: NCCL
+    with pytest.raises(NotImplementedError, match="colocate true across nodes"):
         check_supported(_spec(), single_node=False)
-    with pytest.raises(NotImplementedError):
-        check_supported(_spec(colocate=False), single_node=False)
 
 
 class FakeTrainer:
@@ -277,7 +277,7 @@ def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:
     params = {"a": torch.zeros(2, 2), "b": torch.zeros(3, dtype=torch.bfloat16)}
     engine = HFEngine.__new__(HFEngine)  # the weight loader alone: no model directory
     engine.lock = threading.Lock()
-    engine._named_targets = lambda: params  # type: ignore[method-assign]
+    engine.named_weights = lambda: params  # type: ignore[method-assign]
     data = protocol.serialize_named_tensors([("a", torch.ones(2, 2))], flattened_bucket=True)
     assert load_serialized_tensors(engine, data, "flattened_bucket") == 1
     assert torch.equal(params["a"], torch.ones(2, 2)) and not params["b"].any()

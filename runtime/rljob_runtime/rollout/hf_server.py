@@ -110,6 +110,7 @@ class HFServer:
         self.scheduler: asyncio.Task[None] | None = None
         self.started = time.time()
         self.total_requests = 0
+        self.update_groups: dict[str, Any] = {}  # group name -> sync.nccl.WeightUpdateGroup
 
     # ---- scheduling -----------------------------------------------------------------------------
 
@@ -448,14 +449,96 @@ class HFServer:
         self.weight_version = str(body["new_version"])
         return web.json_response({"success": True, "message": "ok"})
 
-    async def nccl_unsupported(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "success": False,
-                "message": "the hf engine has no NCCL weight sync; use update_weights_from_tensor or _from_disk",
-            },
-            status=400,
-        )
+    # ---- weight-update groups (disaggregated sync, sync/nccl.py) ---------------------------------
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        """Join the trainer's group as rank ``rank_offset`` (this engine is one TP rank). Blocks until
+        every member joined, as SGLang's does; the trainer hosts the store as rank 0."""
+        from ..sync.nccl import WeightUpdateGroup
+
+        body = await _json_or_empty(request)
+        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in body]
+        if missing:
+            return web.json_response({"success": False, "message": f"missing {missing}"}, status=400)
+        name = str(body.get("group_name") or "weight_update_group")
+        backend = str(body.get("backend") or "nccl")
+        if name in self.update_groups:
+            return web.json_response({"success": False, "message": f"group {name!r} exists"}, status=400)
+        if backend == "nccl" and self.engine.device.type != "cuda":
+            return web.json_response(
+                {
+                    "success": False,
+                    "message": f"backend nccl needs a CUDA engine; this one runs on {self.engine.device}",
+                },
+                status=400,
+            )
+
+        def join() -> int:
+            self.update_groups[name] = WeightUpdateGroup(
+                str(body["master_address"]),
+                int(body["master_port"]),
+                int(body["rank_offset"]),
+                int(body["world_size"]),
+                name,
+                backend=backend,
+                device=self.engine.device,
+                timeout_s=float(body.get("timeout_s", 600)),
+            )
+            return 0
+
+        assert self.loop is not None
+        try:
+            await self.loop.run_in_executor(self.executor, join)
+        except (ValueError, RuntimeError) as exc:  # the store or the communicator could not be reached
+            return web.json_response(
+                {"success": False, "message": f"failed to join {name!r}: {exc}"}, status=400
+            )
+        return web.json_response({"success": True, "message": f"joined weight-update group {name!r}"})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        """Receive one broadcast from rank 0 and load it: a flattened bucket (one message) or, without
+        ``load_format``, one message per tensor (SGLang's default)."""
+        from ..sync.nccl import receive, receive_each, spec_from_body
+
+        body = await _json_or_empty(request)
+        name = str(body.get("group_name") or "weight_update_group")
+        group = self.update_groups.get(name)
+        if group is None:
+            return web.json_response(
+                {
+                    "success": False,
+                    "message": f"group {name!r} not initialised: POST /init_weights_update_group first",
+                },
+                status=400,
+            )
+        try:
+            spec = spec_from_body(body)
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        load_format = body.get("load_format")
+        if load_format not in (None, "flattened_bucket"):
+            return web.json_response(
+                {"success": False, "message": f"load_format {load_format!r}: flattened_bucket or none"},
+                status=400,
+            )
+
+        def load() -> int:
+            named = receive(group, spec) if load_format else receive_each(group, spec)
+            count = self.engine.load_named_tensors(named)
+            if group.device.type == "cuda":
+                torch.cuda.synchronize(group.device)
+            return count
+
+        return await self._run_update(load, body.get("weight_version"))
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        name = str(body.get("group_name") or "weight_update_group")
+        group = self.update_groups.pop(name, None)
+        if group is None:
+            return web.json_response({"success": False, "message": f"no group {name!r}"}, status=400)
+        group.close()
+        return web.json_response({"success": True, "message": f"left weight-update group {name!r}"})
 
     async def memory_noop(self, request: web.Request) -> web.Response:
         return web.json_response({"success": True, "message": "no-op on the hf engine"})
@@ -493,6 +576,8 @@ class HFServer:
 
     async def _cleanup(self, app: web.Application) -> None:
         self._abort(None)
+        for group in self.update_groups.values():
+            group.close()
         if self.scheduler is not None:
             self.scheduler.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -519,12 +604,9 @@ class HFServer:
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
         r.add_post("/update_weight_version", self.update_weight_version)
         r.add_get("/weights_checksum", self.weights_checksum)
-        for path in (
-            "/init_weights_update_group",
-            "/update_weights_from_distributed",
-            "/destroy_weights_update_group",
-        ):
-            r.add_post(path, self.nccl_unsupported)
+        r.add_post("/init_weights_update_group", self.init_weights_update_group)
+        r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        r.add_post("/destroy_weights_update_group", self.destroy_weights_update_group)
         for path in ("/release_memory_occupation", "/resume_memory_occupation"):
             r.add_get(path, self.memory_noop)
             r.add_post(path, self.memory_noop)

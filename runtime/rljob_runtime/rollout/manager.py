@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,7 +39,7 @@ from .router import Router
 log = logging.getLogger("rljob.rollout.manager")
 
 T = TypeVar("T")
-NamedTensors = Iterable[tuple[str, Any]]  # (HF name, torch.Tensor)
+NamedTensors = Iterable[tuple[str, Any]] | Mapping[str, Any]  # HF name -> torch.Tensor
 EngineState = Literal["serving", "updating", "replacing", "failed"]
 
 
@@ -88,11 +88,12 @@ class Engine:
 class _WeightUpdate:
     """The latest update, replayed onto a relaunched engine."""
 
-    kind: Literal["disk", "tensors", "ipc"]
+    kind: Literal["disk", "tensors", "ipc", "distributed"]
     version: str
     model_path: str | None = None
     serialized: tuple[str, ...] = ()
     load_format: str | None = None
+    buckets: tuple[dict[str, Any], ...] = ()  # distributed: one /update_weights_from_distributed body each
 
 
 class RolloutManager:
@@ -124,6 +125,8 @@ class RolloutManager:
         self.restarts = 0
         self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
         self._last_update: _WeightUpdate | None = None
+        # bumped whenever an engine is relaunched: a weight-update group joined before is stale then
+        self.membership_epoch = 0
         self._fatal: BaseException | None = None
         self._closed = False
         self._health_paused = False
@@ -429,6 +432,7 @@ class RolloutManager:
                         engine.url = url
                         engine.state = "serving"
                         engine.last_replacement_s = time.monotonic() - began
+                        self.membership_epoch += 1
                     break
                 except (EngineStartError, _EngineGone, WeightUpdateError) as exc:
                     reason = f"relaunch failed: {str(exc)[-2000:]}"
@@ -514,12 +518,88 @@ class RolloutManager:
         )
         return self._call(self._update_all(update))
 
+    # ---- disaggregated sync: the engines join the trainer's NCCL group (sync/nccl.py) ----------
+
+    def weight_group_world_size(self) -> int:
+        """The trainer's rank 0 plus one rank per TP rank of every serving engine."""
+        return 1 + sum(int(self._actor_kwargs(e.index)["tp_size"]) for e in self._live())
+
+    def join_weights_update_group(
+        self, address: str, port: int, world_size: int, group_name: str, backend: str = "nccl"
+    ) -> int:
+        """Ask every serving engine to join the group hosted at ``address:port`` (they block until the
+        trainer's rank 0 joins too, so call this while it does); returns ``membership_epoch``."""
+        self._raise_if_failed()
+        return self._call(self._join_group(address, port, world_size, group_name, backend))
+
+    async def _join_group(
+        self, address: str, port: int, world_size: int, group_name: str, backend: str
+    ) -> int:
+        epoch = self.membership_epoch
+        engines, offset, bodies = self._live(), 1, []
+        for engine in engines:
+            bodies.append(
+                protocol.init_weights_update_group_body(
+                    master_address=address,
+                    master_port=port,
+                    rank_offset=offset,
+                    world_size=world_size,
+                    group_name=group_name,
+                    backend=backend,
+                )
+            )
+            offset += int(self._actor_kwargs(engine.index)["tp_size"])
+        if offset != world_size:
+            raise WeightUpdateError(f"the group has {world_size} ranks but the engines need {offset}")
+        results = await asyncio.gather(
+            *(
+                self._expect(e.url, "POST", "/init_weights_update_group", b)
+                for e, b in zip(engines, bodies, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        errors = [
+            f"engine {e.index}: {r}"
+            for e, r in zip(engines, results, strict=True)
+            if isinstance(r, BaseException)
+        ]
+        if errors:
+            raise WeightUpdateError(f"joining weight-update group {group_name!r} failed: {'; '.join(errors)}")
+        return epoch
+
+    def leave_weights_update_group(self, group_name: str) -> None:
+        """Best effort (engines that died with the group are gone anyway)."""
+
+        async def leave(engine: Engine) -> None:
+            with contextlib.suppress(_EngineGone, WeightUpdateError):
+                await self._expect(
+                    engine.url,
+                    "POST",
+                    "/destroy_weights_update_group",
+                    protocol.destroy_weights_update_group_body(group_name),
+                )
+
+        async def leave_all() -> None:
+            await asyncio.gather(*(leave(e) for e in self._live()))
+
+        self._call(leave_all())
+
+    def update_weights_from_distributed(
+        self, buckets: Sequence[dict[str, Any]], version: int | str | None = None
+    ) -> str:
+        """Tell every engine to receive ``buckets`` (``/update_weights_from_distributed`` bodies, in
+        the order the trainer broadcasts them, which it does meanwhile); the new version. Like IPC,
+        nothing is kept for relaunched engines: ``weights_provider`` brings them up to date."""
+        self._raise_if_failed()
+        update = _WeightUpdate("distributed", self._next_version(version), buckets=tuple(buckets))
+        return self._call(self._update_all(update))
+
     async def _update_all(self, update: _WeightUpdate) -> str:
         async with self._weights_lock:
             self.weight_version = update.version
             keep = update if update.kind == "disk" or self.weights_provider is None else None
-            if update.kind == "ipc":
-                keep = None  # the handles are only valid until the trainer frees its buckets
+            if update.kind in ("ipc", "distributed"):
+                keep = None  # handles die with the trainer's buckets; a broadcast cannot be replayed
             self._last_update = keep or _WeightUpdate("tensors", update.version)
             engines = [e for e in self.engines if e.state == "serving"]
             for engine in engines:
@@ -571,6 +651,14 @@ class RolloutManager:
                         weight_version=update.version if last else None,
                     )
                     await self._expect(url, "POST", "/update_weights_from_tensor", body)
+            elif update.kind == "distributed":
+                # each request returns once its bucket arrived from the trainer's broadcast and loaded
+                for i, bucket in enumerate(update.buckets):
+                    last = i == len(update.buckets) - 1
+                    body = {k: v for k, v in bucket.items() if k != "weight_version"}
+                    if last:
+                        body["weight_version"] = update.version
+                    await self._expect(url, "POST", "/update_weights_from_distributed", body)
             else:
                 body = protocol.update_weights_from_tensor_body(
                     list(update.serialized), load_format=update.load_format, weight_version=update.version
@@ -585,6 +673,12 @@ class RolloutManager:
             raise WeightUpdateError(f"{method} {url}{path}: HTTP {status} {answer}")
         return answer
 
+    def _provided_weights(self) -> list[tuple[str, Any]]:
+        """``weights_provider``'s tensors as pairs (it may return a mapping, as the trainer does)."""
+        assert self.weights_provider is not None
+        named = self.weights_provider()
+        return list(named.items() if isinstance(named, Mapping) else named)
+
     async def _push_current_weights(self, url: str) -> None:
         """Bring a relaunched engine (not yet registered) to the current weight version."""
         update = self._last_update
@@ -592,7 +686,7 @@ class RolloutManager:
             return  # never updated: the relaunched engine loaded the initial weights
         if update.kind == "tensors" and not update.serialized:
             assert self.weights_provider is not None
-            named = await asyncio.to_thread(lambda: list(self.weights_provider()))  # type: ignore[misc]
+            named = await asyncio.to_thread(self._provided_weights)
             data = await asyncio.to_thread(protocol.serialize_named_tensors, named)
             update = _WeightUpdate("tensors", update.version, serialized=(data,))
         await self._update_engine(url, update)

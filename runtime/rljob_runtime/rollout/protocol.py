@@ -71,7 +71,9 @@ REQUEST_BODIES: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "/update_weights_from_distributed": (
         "UpdateWeightsFromDistributedReqInput",
-        frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"}),
+        frozenset(
+            {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format"}
+        ),
     ),
     "/destroy_weights_update_group": ("DestroyWeightsUpdateGroupReqInput", frozenset({"group_name"})),
     "/release_memory_occupation": ("ReleaseMemoryOccupationReqInput", frozenset({"tags"})),
@@ -226,14 +228,17 @@ def update_weights_from_distributed_body(
     group_name: str,
     weight_version: str | None = None,
     flush_cache: bool = False,
+    load_format: str | None = None,
 ) -> dict[str, Any]:
+    """``load_format: "flattened_bucket"``: the tensors arrive as one broadcast of their bytes back to
+    back (SGLang's ``FlattenedTensorBucket``); without it, one broadcast per tensor."""
     return {
         "names": list(names),
         "dtypes": list(dtypes),
         "shapes": [list(shape) for shape in shapes],
         "group_name": group_name,
         "flush_cache": flush_cache,
-        **_drop_none({"weight_version": weight_version}),
+        **_drop_none({"weight_version": weight_version, "load_format": load_format}),
     }
 
 

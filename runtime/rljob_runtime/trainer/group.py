@@ -220,25 +220,57 @@ class TrainerGroup:
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
+    def _exporters(self) -> list[Any]:
+        """The ranks of data-parallel rank 0's replica, global rank 0 first: exporting the weights is
+        a collective of theirs (megatron gathers TP/PP shards; the torch backend's replica is rank 0)."""
+        return [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
+
+    def _from_rank0(self, method: str, *args: Any) -> Any:
+        return _gather([getattr(a, method).remote(*args) for a in self._exporters()])[0]
+
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Rank 0's weights under HF names, CPU. The ranks of data-parallel rank 0's replica all take
-        part (megatron gathers TP/PP shards; the torch backend's replica is rank 0 alone)."""
-        exporters = [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
-        return _gather([a.named_tensors.remote() for a in exporters])[0]
+        """Rank 0's weights under HF names, CPU."""
+        return self._from_rank0("named_tensors")
 
     @property
     def supports_cuda_ipc(self) -> bool:
-        """Only the torch backend shares its weights by CUDA IPC (megatron would gather TP/PP
-        shards first); the others fall back to the shared-memory file."""
-        return self.spec.training.backend == "torch" and self.spec.resources.device == "cuda"
+        """Both backends share their weights by CUDA IPC on GPUs (rank 0 holds the whole model)."""
+        return self.spec.resources.device == "cuda"
 
     def share_weights_ipc(self, max_bucket_bytes: int) -> tuple[list[str], int]:
         """IPC payloads and their bytes from rank 0 (its process keeps the buckets until
         ``release_weights_ipc``)."""
-        return _gather([self.actors[0].share_weights_ipc.remote(max_bucket_bytes)])[0]
+        return self._from_rank0("share_weights_ipc", max_bucket_bytes)
 
     def release_weights_ipc(self) -> None:
         _gather([self.actors[0].release_weights_ipc.remote()])
+
+    # ---- disaggregated sync: rank 0 hosts an NCCL group with the engines (sync/nccl.py) ----------
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return _gather([self.actors[0].weight_group_address.remote()])[0]
+
+    def init_weight_update_group(
+        self, address: str, port: int, world_size: int, group_name: str, backend: str
+    ) -> Any:
+        """Start rank 0's side (it blocks until the engines joined): a ref for the caller to await
+        while it asks the engines to join."""
+        return self.actors[0].init_weight_update_group.remote(address, port, world_size, group_name, backend)
+
+    def weight_bucket_specs(self, max_bytes: int) -> list[Any]:
+        return self._from_rank0("weight_bucket_specs", max_bytes)
+
+    def broadcast_weights(self, specs: list[Any]) -> list[Any]:
+        """Refs of the replica's ranks sending ``specs`` (rank 0's answer first); the caller awaits
+        them while the engines receive."""
+        return [a.broadcast_weights.remote(specs) for a in self._exporters()]
+
+    def wait(self, refs: list[Any]) -> list[Any]:
+        """The results of refs returned by ``init_weight_update_group`` / ``broadcast_weights``."""
+        return _gather(refs)
+
+    def close_weight_update_group(self) -> None:
+        _gather([self.actors[0].close_weight_update_group.remote()])
 
     def save(self, path: str) -> None:
         _gather([a.save.remote(str(path)) for a in self.actors])

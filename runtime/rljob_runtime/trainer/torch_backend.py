@@ -22,7 +22,6 @@ import datetime
 import os
 import random
 import shutil
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,8 @@ from .base import (
     step_counts,
 )
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
+from .net import free_port, node_ip
+from .weight_source import WeightSource
 
 # Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch
 # values add up (over micro-batches and ranks) to the global batch's value. The others are masked
@@ -99,22 +100,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        return str(ray.util.get_node_ip_address())
-    except Exception:  # not under Ray
-        return "127.0.0.1"
-
-
-class TorchTrainerRank:
+class TorchTrainerRank(WeightSource):
     """One data-parallel rank of the torch backend (see the module docstring)."""
 
     def __init__(
@@ -194,7 +180,7 @@ class TorchTrainerRank:
 
     def master_address(self) -> tuple[str, int]:
         """This node's IP and a free port, for the rendezvous (asked of rank 0)."""
-        return _node_ip(), _free_port()
+        return node_ip(), free_port()
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the group (all ranks at once); nothing to do with one rank."""
@@ -492,21 +478,9 @@ class TorchTrainerRank:
         """The policy's state_dict under Hugging Face names (tied aliases included), detached CPU copies."""
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
-    def share_weights_ipc(self, max_bucket_bytes: int) -> tuple[list[str], int]:
-        """Colocated GPU sync: the state_dict (HF names) in flattened CUDA buckets, as IPC payloads
-        for ``/update_weights_from_tensor``, and their bytes. This process keeps the buckets until
-        ``release_weights_ipc``: the engines read this memory directly."""
-        from ..sync.cuda_ipc import IpcProducer
-
-        producer = getattr(self, "_ipc_producer", None) or IpcProducer()
-        self._ipc_producer = producer
-        payloads = producer.share(self.model.state_dict().items(), max_bucket_bytes)
-        return payloads, producer.nbytes
-
-    def release_weights_ipc(self) -> None:
-        producer = getattr(self, "_ipc_producer", None)
-        if producer is not None:
-            producer.release()
+    def device_weights(self) -> dict[str, torch.Tensor]:
+        """The policy on its device under HF names (rank 0 sends; every rank holds the same)."""
+        return dict(self.model.state_dict()) if self.rank == 0 else {}
 
     def save(self, path: str) -> None:
         """``path/model``: HF safetensors + config + tokenizer files (rank 0); ``path/trainer_rank{r}.pt``:

@@ -39,14 +39,14 @@ from ..base import (
     pad_columns,
     step_counts,
 )
+from ..net import free_port, node_ip
 from ..torch_backend import (
-    _free_port,
-    _node_ip,
     needs_reference,
     rng_state,
     set_rng_state,
     set_seed,
 )
+from ..weight_source import WeightSource
 from .checkpoint import read_hf_state
 from .checks import check_megatron
 from .schedule import (
@@ -59,7 +59,7 @@ from .schedule import (
 )
 
 
-class MegatronTrainerRank:
+class MegatronTrainerRank(WeightSource):
     """One GPU of the megatron backend (see the module docstring)."""
 
     def __init__(
@@ -91,7 +91,7 @@ class MegatronTrainerRank:
 
     def master_address(self) -> tuple[str, int]:
         """This node's IP (Ray's view of it) and a free port, for the rendezvous (asked of rank 0)."""
-        return _node_ip(), _free_port()
+        return node_ip(), free_port()
 
     def layout(self) -> dict[str, int]:
         """Where this rank sits (after ``init_process_group``): ranks of one model replica (same
@@ -335,28 +335,31 @@ class MegatronTrainerRank:
 
     # -------------------------------------------------------------------------------- weights
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under HF names (whole: gathered over TP and PP), CPU copies, on the
-        first rank of the replica (tp = pp = 0); {} on its other ranks. A collective of the replica's
-        TP x PP ranks (the group asks data-parallel rank 0's). Tied models carry no lm_head.weight
-        (as in their safetensors)."""
+    def device_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under HF names, whole (gathered over TP, merged over PP), on this GPU,
+        on the first rank of the replica (tp = pp = 0); {} on its other ranks. A collective of the
+        replica's TP x PP ranks. Tied models carry no lm_head.weight (as in their safetensors).
+        With pp > 1 the other stages travel through the CPU (gather_object): simple, not fast."""
         from megatron.core import parallel_state as ps
 
         from .model import export_hf_weights
 
-        stage = {
-            k: v.to("cpu", copy=True) for k, v in export_hf_weights(self.model, self.shape, self.par).items()
-        }
+        stage = export_hf_weights(self.model, self.shape, self.par)
         tp0, pp_rank = ps.get_tensor_model_parallel_rank() == 0, ps.get_pipeline_model_parallel_rank()
         if self.par.pp > 1:
             group = ps.get_pipeline_model_parallel_group()
             stages: list[Any] | None = [None] * self.par.pp if pp_rank == 0 else None
             # Stage 0 of each PP group collects; only TP rank 0's copy is sent (TP peers hold the same).
-            dist.gather_object(
-                stage if tp0 else None, stages, dst=dist.get_global_rank(group, 0), group=group
-            )
-            stage = {k: v for part in stages or [] if part for k, v in part.items()}
+            mine = {k: v.cpu() for k, v in stage.items()} if tp0 and pp_rank > 0 else None
+            dist.gather_object(mine, stages, dst=dist.get_global_rank(group, 0), group=group)
+            device = next(iter(stage.values())).device
+            for part in stages or []:
+                stage.update({k: v.to(device) for k, v in (part or {}).items()})
         return stage if tp0 and pp_rank == 0 else {}
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """``device_weights`` as CPU copies (the CPU and shared-memory transports, checkpoints)."""
+        return {k: v.to("cpu", copy=True) for k, v in self.device_weights().items()}
 
     def save(self, path: str) -> None:
         """``path/model``: the HF export (global rank 0); ``path/trainer_rank<r>.pt``: every rank's

@@ -1,11 +1,15 @@
-"""The colocated CUDA IPC weight sync through the runtime's driver (prepare / run) on one GPU: the
-CPU demo's config (tests/learning.py demo_spec: SmolLM2-135M-Instruct, single-digit addition,
-8 prompts x 4 samples, float32) with training.backend torch, rollout.engine hf, resources.device
-cuda and colocate true, so ``sync.choose_transport`` picks ``cuda_ipc`` (trainer rank 0 shares
-flattened CUDA buckets, the engine copies them into its parameters).
+"""GPU weight sync through the runtime's driver (prepare / run): the CPU demo's config
+(tests/learning.py demo_spec: SmolLM2-135M-Instruct, single-digit addition, 8 prompts x 4 samples,
+float32) with rollout.engine hf and resources.device cuda, for each backend (torch, megatron) and
+placement:
+- colocate true, one GPU: ``sync.choose_transport`` picks ``cuda_ipc`` (trainer rank 0 shares
+  flattened CUDA buckets, the engine copies them into its parameters);
+- colocate false, two GPUs (trainer on one, the engine on the other): ``nccl`` (rank 0 hosts a
+  weight-update group with the engine and broadcasts flattened buckets).
 
-Asserted: the run completes; every step's sync went through IPC (the transport, and the
-``sync/buckets`` / ``time/sync_share`` metrics only ``WeightSync._push_ipc`` reports); step 1's
+Asserted: the run completes; every step's sync went through the expected path (the transport, and
+the metrics only that path reports: ``time/sync_share`` for IPC, ``time/sync_group_init`` for
+NCCL, ``sync/buckets`` for both); step 1's
 ``train/ppo_kl`` is 0; the samples of step k were generated with weight version k - 1; after the
 last sync a fresh generation carries the last version. As a weight check without a weights
 endpoint (the hf server has no /get_weights_by_name): the engine's per-token log-probs (fp32,
@@ -14,13 +18,14 @@ against the trainer's on the same tokens, every step and after the last sync; th
 the engine holds the trainer's current weights.
 
 Steps: RLJOB_IPC_STEPS (default 4). Per-step numbers go to stdout and, when RLJOB_RESULTS_DIR is
-set, to a JSON file there.
+set, to a JSON file there (``<backend>-<transport>-grpo.json``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,7 @@ KEYS = (
     "time/train",
     "time/sync",
     "time/sync_share",
+    "time/sync_group_init",
     "sync/bytes",
     "sync/gb_per_s",
     "sync/buckets",
@@ -59,18 +65,35 @@ def _logp_gap(trainer: Any, samples: list[Any]) -> float:
     return float(((logp - engine).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
-def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("backend", "colocate"),
+    [("torch", True), ("torch", False), ("megatron", True), ("megatron", False)],
+    ids=["torch-ipc", "torch-nccl", "megatron-ipc", "megatron-nccl"],
+)
+def test_gpu_sync_through_the_driver(
+    backend: str, colocate: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
     import rljob_runtime.driver as driver
     from rljob_runtime.data.sample import Sample
     from rljob_runtime.models import ModelNotFoundError, resolve_model
     from rljob_runtime.sync import WeightSync
+    from rljob_runtime.sync.checksum import checksums
 
     doc = demo_spec("grpo", 1, tmp_path / "ckpt", steps=STEPS)
-    doc["training"]["backend"] = "torch"
+    if not colocate and torch.cuda.device_count() < 2:
+        pytest.skip("the NCCL path needs two GPUs (trainer and engine)")
+    if backend == "megatron":
+        pytest.importorskip("megatron.core")
+    expected = "cuda_ipc" if colocate else "nccl"
+    doc["training"]["backend"] = backend
     doc["rollout"]["engine"] = "hf"
     doc["resources"]["device"] = "cuda"
-    doc["resources"]["colocate"] = True
+    doc["resources"]["colocate"] = colocate
     doc["resources"]["trainer"] = {"nodes": 1, "gpusPerNode": 1}
+    if not colocate:
+        doc["resources"]["rollout"] = {"gpus": 1, "gpusPerNode": 1}
     # The hf engine returns temperature-1 log-probs, the trainer scores at the rollout temperature:
     # sample at 1.0 (the demo: 0.8) so that the two compare, and any gap is weights or numerics.
     doc["rollout"]["temperature"] = 1.0
@@ -106,7 +129,12 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
                 "ipc": bool(getattr(trainer, "supports_cuda_ipc", False)),
             }
         )
-        if version == STEPS:  # after the last sync: a fresh generation must use the new weights
+        if version == STEPS:  # after the last sync: the engine holds exactly the trainer's tensors
+            want = {k: list(v) for k, v in checksums(trainer.named_tensors().items()).items()}
+            with urllib.request.urlopen(f"{rollout.engine_urls()[0]}/weights_checksum", timeout=120) as resp:
+                served = json.loads(resp.read())["checksums"]
+            last["checksums_equal"] = served == {k: want[k] for k in served} and set(want) <= set(served)
+        if version == STEPS:  # and a fresh generation must use the new weights
             fresh = [
                 Sample(
                     group_index=s.group_index,
@@ -137,10 +165,10 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
     for i, row in enumerate(rows):
         row["logp_gap_engine_vs_trainer"] = round(gaps[i], 6) if i < len(gaps) else None
         row["weight_versions"] = sorted({v for vs in versions[i] for v in vs}) if i < len(versions) else None
-        print("ipc", json.dumps(row), flush=True)
-    print("ipc pushes", json.dumps(pushes), flush=True)
+        print(f"{backend}-{expected}", json.dumps(row), flush=True)
+    print(f"{backend}-{expected} pushes", json.dumps(pushes), flush=True)
     print(
-        "ipc after last sync",
+        f"{backend}-{expected} after last sync",
         json.dumps(
             {
                 "versions": sorted({v for vs in last.get("versions", []) for v in vs}),
@@ -153,7 +181,7 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
     out = os.environ.get("RLJOB_RESULTS_DIR")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "ipc-grpo.json").write_text(
+        (Path(out) / f"{backend}-{expected}-grpo.json").write_text(
             json.dumps(
                 {
                     "rows": rows,
@@ -166,9 +194,10 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
 
     assert result.steps_done == STEPS and len(result.history) == STEPS
     assert [p["version"] for p in pushes] == list(range(1, STEPS + 1))
-    assert all(p["transport"] == "cuda_ipc" and p["ipc"] for p in pushes), pushes
+    assert all(p["transport"] == expected for p in pushes), pushes
+    only_this_path = "time/sync_share" if colocate else "time/sync_group_init"
     for h in result.history:
-        assert "sync/buckets" in h and "time/sync_share" in h, sorted(h)  # only the IPC path reports these
+        assert "sync/buckets" in h and only_this_path in h, sorted(h)
         assert h["sync/buckets"] >= 1 and h["sync/bytes"] > 0
     assert abs(result.history[0]["train/ppo_kl"]) < 1e-6, result.history[0]["train/ppo_kl"]
     # Step k's samples were generated after sync k - 1 (step 1: the engine's initial weights).
@@ -176,5 +205,6 @@ def test_cuda_ipc_sync_through_the_driver(tmp_path: Path, monkeypatch: pytest.Mo
     for k in range(2, STEPS + 1):
         assert all(vs == [str(k - 1)] for vs in versions[k - 1]), (k, versions[k - 1])
     assert last["versions"] and all(vs == [str(STEPS)] for vs in last["versions"]), last["versions"]
+    assert last["checksums_equal"], "the engine's weights differ from the trainer's after the last sync"
     # The engine's log-probs match the trainer's current weights (fp32 both sides) at every step.
     assert all(g < 1e-3 for g in gaps) and last["gap"] < 1e-3, (gaps, last["gap"])

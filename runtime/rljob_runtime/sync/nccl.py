@@ -1,0 +1,241 @@
+"""Disaggregated weight sync by NCCL broadcast: the trainer's rank 0 sends, every engine receives.
+
+SGLang's protocol: ``/init_weights_update_group`` makes each engine join a process group hosted by
+the trainer (rank 0; engine ranks from ``rank_offset``), then per bucket ``/update_weights_from_
+distributed`` tells the engines the names, dtypes and shapes (``load_format: "flattened_bucket"``)
+while the trainer broadcasts the bucket's bytes on that group.
+
+A bucket travels as one ``uint8`` tensor: the named tensors' bytes back to back, in order, which is
+SGLang's ``FlattenedTensorBucket`` layout, so both sides agree on count and type whatever the dtype.
+The group is a bare ``ProcessGroupNCCL`` on a ``TCPStore``, not a torch.distributed group: neither
+the trainer (which has its own world) nor the hf engine (which has none) needs a default group. The
+store keys carry the prefixes torch's ``_new_process_group_helper`` adds under SGLang's
+``init_custom_process_group`` (group name, ``<group>/``, ``cuda/``), so a real SGLang engine's
+rendezvous finds ours; that pairing is by reading their source, not run here (no SGLang on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .buckets import DEFAULT_BUCKET_BYTES, plan_buckets
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """What an engine needs to receive one bucket: the body of ``/update_weights_from_distributed``
+    without the group name and version."""
+
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            _numel(shape) * torch_dtype(d).itemsize for d, shape in zip(self.dtypes, self.shapes, strict=True)
+        )
+
+    def body(self, group_name: str, weight_version: str | None = None) -> dict[str, Any]:
+        """Flushed before the transfer already (pause -> flush -> update -> continue), so no flush."""
+        from ..rollout import protocol
+
+        return protocol.update_weights_from_distributed_body(
+            names=self.names,
+            dtypes=self.dtypes,
+            shapes=self.shapes,
+            group_name=group_name,
+            weight_version=weight_version,
+            load_format="flattened_bucket",
+        )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def bucket_specs(
+    named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[BucketSpec]:
+    """The buckets (one dtype each, at most ``max_bytes`` unless one tensor is larger) in send order."""
+    return [
+        BucketSpec(
+            tuple(n for n, _ in items),
+            tuple(_dtype_name(t.dtype) for _, t in items),
+            tuple(tuple(t.shape) for _, t in items),
+        )
+        for items in plan_buckets(named, max_bytes)
+    ]
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors' bytes back to back in one new uint8 tensor (the sender's bucket)."""
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
+    start = 0
+    for t in tensors:
+        size = t.numel() * t.element_size()
+        flat[start : start + size].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        start += size
+    return flat
+
+
+def unpack(flat: torch.Tensor, spec: BucketSpec) -> list[tuple[str, torch.Tensor]]:
+    """Named views (no copy) into a received uint8 bucket; checks sizes and alignment."""
+    if spec.nbytes != flat.numel():
+        raise ValueError(f"bucket of {flat.numel()} bytes, its tensors need {spec.nbytes}")
+    out, start = [], 0
+    for name, dtype_name, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
+        dtype = torch_dtype(dtype_name)
+        if start % dtype.itemsize:
+            raise ValueError(f"{name!r}: byte offset {start} is not aligned for {dtype_name}")
+        size = _numel(shape) * dtype.itemsize
+        out.append((name, flat[start : start + size].view(dtype).view(tuple(shape))))
+        start += size
+    return out
+
+
+def spec_from_body(body: dict[str, Any]) -> BucketSpec:
+    """The request's names/dtypes/shapes, checked: the lists must be non-empty and of equal length."""
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
+        raise ValueError("names, dtypes and shapes are required lists")
+    if not names or not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"names, dtypes, shapes: {len(names)}, {len(dtypes)}, {len(shapes)} entries")
+    if any(int(s) < 0 for shape in shapes for s in shape):
+        raise ValueError("negative dimension in shapes")
+    for d in dtypes:
+        torch_dtype(str(d))  # refused here, before the engine waits on a broadcast
+    return BucketSpec(
+        tuple(map(str, names)), tuple(map(str, dtypes)), tuple(tuple(map(int, s)) for s in shapes)
+    )
+
+
+class WeightUpdateGroup:
+    """One side of a weight-update group: rank 0 (the trainer) hosts the store and sends.
+
+    ``backend`` "nccl" on GPUs; "gloo" moves the same buckets between CPU processes, which is how
+    the protocol (endpoints, ordering, bucket layout) is tested without GPUs."""
+
+    def __init__(
+        self,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        *,
+        backend: str = "nccl",
+        device: torch.device | None = None,
+        timeout_s: float = 600,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside a group of {world_size}")
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend {backend!r}: nccl (GPUs) or gloo (CPU)")
+        self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
+        if device is None:
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if backend == "nccl"
+                else torch.device("cpu")
+            )
+        self.device = device
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout)
+        kind = "cuda" if backend == "nccl" else "cpu"
+        prefixed = dist.PrefixStore(
+            f"{kind}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
+        )
+        self._store = store  # the server lives as long as rank 0's group
+        if backend == "nccl":
+            self.pg: Any = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
+        else:
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Blocking: the tensor is sent (src) or filled (others) when this returns (for NCCL, as far as
+        the current stream is concerned; ``receive`` synchronizes before the engine answers)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        if self.backend == "nccl":
+            with torch.cuda.device(self.device):
+                self.pg.broadcast([tensor], opts).wait()
+        else:
+            self.pg.broadcast([tensor], opts).wait()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, AttributeError):  # already aborted; gloo has none
+            self.pg.shutdown()
+
+
+class NcclSender:
+    """Trainer side: plan the buckets once, then broadcast them in that order on every sync."""
+
+    def __init__(self, group: WeightUpdateGroup) -> None:
+        if group.rank != 0:
+            raise ValueError("the trainer sends as rank 0 of the weight-update group")
+        self.group = group
+
+    def send(self, named: dict[str, torch.Tensor], specs: Sequence[BucketSpec]) -> int:
+        """Broadcast each bucket, packed on this device. NCCL returns to the CPU before the bytes
+        moved, so at most two packed buckets exist at once: packing bucket i waits for i - 2 (packing
+        overlaps the previous broadcast; memory stays two buckets, not the model)."""
+        sent, done = 0, []
+        for i, spec in enumerate(specs):
+            if i >= 2 and done[i - 2] is not None:
+                done[i - 2].synchronize()
+            flat = pack([named[n] for n in spec.names])
+            self.group.broadcast(flat)
+            sent += flat.numel()
+            event = None
+            if flat.is_cuda:
+                event = torch.cuda.Event()
+                event.record()
+            done.append(event)
+            del flat  # the allocator keeps it until NCCL's stream is past it (recorded by the group)
+        if done and done[-1] is not None:
+            done[-1].synchronize()
+        return sent
+
+
+def receive(group: WeightUpdateGroup, spec: BucketSpec) -> list[tuple[str, torch.Tensor]]:
+    """Engine side: allocate the bucket, receive it from rank 0, return named views into it."""
+    flat = torch.empty(spec.nbytes, dtype=torch.uint8, device=group.device)
+    group.broadcast(flat, src=0)
+    if flat.is_cuda:
+        torch.cuda.current_stream(flat.device).synchronize()
+    return unpack(flat, spec)
+
+
+def receive_each(group: WeightUpdateGroup, spec: BucketSpec) -> list[tuple[str, torch.Tensor]]:
+    """SGLang's default (no ``load_format``): one broadcast per tensor, in the listed order."""
+    out = []
+    for name, dtype_name, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
+        tensor = torch.empty(shape, dtype=torch_dtype(dtype_name), device=group.device)
+        group.broadcast(tensor, src=0)
+        out.append((name, tensor))
+    if group.device.type == "cuda":
+        torch.cuda.current_stream(group.device).synchronize()
+    return out
