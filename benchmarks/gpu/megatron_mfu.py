@@ -1,23 +1,35 @@
 """Training throughput and MFU of the megatron backend's model on one GPU: a Megatron GPTModel built by
-``trainer/megatron/model.py`` (local layer spec: no TransformerEngine, no flash attention), random
+``trainer/megatron/model.py`` (local layer spec, no TransformerEngine; core attention through torch's
+SDPA, ``--attention sdpa``, or megatron-core's DotProductAttention, ``--attention local``), random
 Qwen3-style weights, bf16 params with fp32 main params / grads, Megatron DDP + distributed Adam,
-sequence length 4096, micro-batch 1, next-token cross-entropy on random tokens.
+sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on random tokens.
 
-    python3 benchmarks/gpu/megatron_mfu.py --models 1b,4b --seq 4096 --json /tmp/mfu.json
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --recompute none --json /tmp/mfu.json
+    python3 benchmarks/gpu/megatron_mfu.py --models 4b --recompute full --json /tmp/mfu.json   # 80 GB
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --attention local --recompute selective  # before
 
-Per step: forward + backward + optimizer step, timed with a synchronize around ``--steps`` steps
-after ``--warmup``. MFU = model FLOPs per token x tokens/s / peak, model FLOPs per token = 6 N +
-12 L s d_attn (N: parameters doing matmuls, i.e. the layers + the LM head; the attention term
-counts the full s x s products, as PaLM's appendix B does; recomputed work is not counted).
-``--peak-tflops`` defaults to 989 (H100/H200 SXM dense bf16). The attention of the local spec
-materialises the s x s scores, so ``--recompute selective`` (core attention recomputed in backward,
-Megatron's option) keeps the activations small. Several models run one process each (fresh memory).
-Results and what limits them: docs/BENCHMARKS.md (Megatron section).
+One optimizer step = ``--micro-batches`` N forward + backward passes of one sequence each (gradient
+accumulation through Megatron's forward_backward_func, num_microbatches=N), then the optimizer step
+(grad norm, clip, Adam, bf16 copy). ``--steps`` steps are timed after ``--warmup`` (which also covers
+torch.compile of the fused SwiGLU), with a synchronize around them; CUDA events split each step into
+forward + backward (with zeroing the grad buffers and Megatron's grad finalisation) and the optimizer.
+
+MFU = model FLOPs per token x tokens/s / peak, tokens/s counting all N x seq tokens of a step; model
+FLOPs per token = 6 N + 12 L s d_attn (N: parameters doing matmuls, i.e. the layers + the LM head; the
+attention term counts the full s x s products, as PaLM's appendix B does; recomputed work is not
+counted). ``--peak-tflops`` defaults to 989 (H100/H200 SXM dense bf16). ``--recompute``: none;
+selective (Megatron's core-attention recompute: needed by the local attention, which materialises the
+s x s scores, and nearly useless with SDPA, which keeps O(s) per layer); full (every layer recomputed
+in backward, which the 4b needs on an 80 GB GPU). ``sdpa_backend`` in the results is the kernel SDPA
+picks for the model's attention shapes (``--sdpa-backend`` forces one). ``--swiglu unfused`` turns off
+the one Megatron fusion the model uses (torch.compile'd SwiGLU). Several models run one process each
+(fresh memory). Results and what limits them: docs/BENCHMARKS.md (Megatron section).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -38,6 +50,7 @@ except ImportError:  # run from a checkout without the package installed
     sys.path[:0] = [str(REPO / "runtime"), str(REPO / "api")]
 
 from rljob_runtime.trainer.megatron import model_shape, validate_parallelism  # noqa: E402
+from rljob_runtime.trainer.megatron.attention import native_gqa  # noqa: E402
 from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel  # noqa: E402
 from rljob_runtime.trainer.megatron.parallel import padded_vocab_size  # noqa: E402
 from rljob_runtime.trainer.megatron.testing import QWEN3_0_6B  # noqa: E402
@@ -83,8 +96,56 @@ def init_single_gpu() -> None:
     )
 
 
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+
+
+def sdpa_context(name: str) -> contextlib.AbstractContextManager[Any]:
+    """``--sdpa-backend``: auto leaves SDPA's own choice; the others allow that kernel only."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+    return sdpa_kernel([backend])
+
+
+def sdpa_choice(shape: Any, seq: int) -> str:
+    """The kernel SDPA picks for one layer's attention as SdpaAttention calls it (bf16, permuted
+    [s, b, heads, d] views, causal, GQA): flash / cuDNN, or a slow fallback worth knowing about."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        def heads(n: int) -> torch.Tensor:
+            t = torch.empty(seq, 1, n, shape.head_dim, device="cuda", dtype=torch.bfloat16)
+            return t.permute(1, 2, 0, 3).requires_grad_()
+
+        q, kv = heads(shape.num_heads), heads(shape.num_kv_heads)
+        gqa = shape.num_kv_heads != shape.num_heads and native_gqa(q)
+        if shape.num_kv_heads != shape.num_heads and not gqa:
+            kv = kv.repeat_interleave(shape.num_heads // shape.num_kv_heads, dim=1)
+        choose: Any = torch._fused_sdp_choice  # type: ignore[attr-defined]  # private, diagnostics only
+        choice = choose(q, kv, kv, is_causal=True, enable_gqa=gqa)
+        return SDPBackend(choice).name.lower()
+    except Exception as err:  # diagnostics only: a private torch API
+        return f"unknown ({type(err).__name__})"
+
+
 def run_model(
-    name: str, seq: int, steps: int, warmup: int, recompute: str | None, peak: float
+    name: str,
+    seq: int,
+    steps: int,
+    warmup: int,
+    recompute: str | None,
+    peak: float,
+    attention: str,
+    micro_batches: int,
+    sdpa_backend: str,
+    swiglu: str,
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -98,7 +159,14 @@ def run_model(
     par = validate_parallelism(shape, gpus=1)
     init_model_parallel(par, seed=0)
     torch.cuda.reset_peak_memory_stats()
-    model = build_gpt_model(shape, par, dtype=torch.bfloat16, recompute=recompute)  # type: ignore[arg-type]
+    model = build_gpt_model(
+        shape,
+        par,
+        dtype=torch.bfloat16,
+        recompute=recompute,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        fuse_swiglu=swiglu == "fused",
+    )
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
     model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
     optimizer = get_megatron_optimizer(
@@ -128,51 +196,72 @@ def run_model(
 
         def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss = out.float().mean()
-            return loss, {"loss": loss.detach()}
+            # A copy: Megatron divides the returned loss by num_microbatches in place.
+            return loss, {"loss": loss.detach().clone()}
 
         return losses, loss_fn
 
+    # Per step: (start, after forward + backward, after the optimizer) CUDA events.
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = []
+
     def step() -> float:
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
         model.zero_grad_buffer()
         optimizer.zero_grad()
         out = get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter([None]),
+            data_iterator=None,  # forward_step makes its own tokens
             model=[model],
-            num_microbatches=1,
+            num_microbatches=micro_batches,
             seq_length=seq,
             micro_batch_size=1,
             forward_only=False,
         )
+        mid.record()
         optimizer.step()
-        return float(out[0]["loss"])
+        end.record()
+        marks.append((start, mid, end))
+        return sum(float(o["loss"]) for o in out) / len(out)
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    losses = [step() for _ in range(steps)]
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - started) / steps
+    with sdpa_context(sdpa_backend):
+        chosen = sdpa_choice(shape, seq) if attention == "sdpa" else "n/a (local attention)"
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize()
+        marks.clear()
+        started = time.perf_counter()
+        losses = [step() for _ in range(steps)]
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / steps
+    fwd_bwd = sum(a.elapsed_time(b) for a, b, _ in marks) / 1e3 / steps
+    optim = sum(b.elapsed_time(c) for _, b, c in marks) / 1e3 / steps
     n_matmul, n_total = matmul_params(shape)
-    flops_per_token = 6 * n_matmul + 12 * shape.num_layers * seq * shape.q_size
-    tokens_per_s = seq / seconds
-    result = {
+    attn_flops = 12 * shape.num_layers * seq * shape.q_size
+    flops_per_token = 6 * n_matmul + attn_flops
+    tokens_per_s = micro_batches * seq / seconds
+    return {
         "model": name,
         "params": n_total,
         "matmul_params": n_matmul,
         "padded_vocab": padded_vocab_size(vocab, 1),
         "seq": seq,
+        "micro_batches": micro_batches,
+        "attention": attention,
+        "sdpa_backend": chosen,
+        "swiglu": swiglu,
         "recompute": recompute,
         "step_s": round(seconds, 4),
+        "fwd_bwd_s": round(fwd_bwd, 4),
+        "optimizer_s": round(optim, 4),
         "tokens_per_s": round(tokens_per_s, 1),
         "model_tflops": round(flops_per_token * tokens_per_s / 1e12, 1),
         "mfu": round(flops_per_token * tokens_per_s / (peak * 1e12), 4),
-        "attention_share_of_flops": round(12 * shape.num_layers * seq * shape.q_size / flops_per_token, 3),
+        "attention_share_of_flops": round(attn_flops / flops_per_token, 3),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
         "loss_first_last": [round(losses[0], 4), round(losses[-1], 4)],
     }
-    return result
 
 
 def main() -> int:
@@ -181,10 +270,16 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    parser.add_argument("--micro-batches", type=int, default=4, help="sequences per optimizer step")
+    parser.add_argument("--attention", default="sdpa", choices=["sdpa", "local"])
+    parser.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
+    parser.add_argument("--swiglu", default="fused", choices=["fused", "unfused"])
+    parser.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.micro_batches < 1:
+        parser.error("--micro-batches must be >= 1")
     names = args.models.split(",")
     if len(names) > 1:  # one process per model: nothing of the last model's memory is left over
         results = []
@@ -192,6 +287,8 @@ def main() -> int:
             part = Path(args.json or "/tmp/megatron_mfu.json").with_suffix(f".{name}.json")
             argv = ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
             argv += ["--recompute", args.recompute, "--peak-tflops", str(args.peak_tflops)]
+            argv += ["--micro-batches", str(args.micro_batches), "--attention", args.attention]
+            argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
             subprocess.run(
                 [sys.executable, __file__, *argv, "--models", name, "--json", str(part)], check=False
             )
@@ -202,22 +299,42 @@ def main() -> int:
         init_single_gpu()
         recompute = None if args.recompute == "none" else args.recompute
         try:
-            results = [run_model(names[0], args.seq, args.steps, args.warmup, recompute, args.peak_tflops)]
+            results = [
+                run_model(
+                    names[0],
+                    args.seq,
+                    args.steps,
+                    args.warmup,
+                    recompute,
+                    args.peak_tflops,
+                    args.attention,
+                    args.micro_batches,
+                    args.sdpa_backend,
+                    args.swiglu,
+                )
+            ]
         except torch.OutOfMemoryError as err:
             results = [{"model": names[0], "error": f"out of memory: {str(err).splitlines()[0]}"}]
+        except RuntimeError as err:  # e.g. no kernel for a forced --sdpa-backend
+            results = [{"model": names[0], "error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}]
         print(json.dumps(results[-1]), flush=True)
         dist.destroy_process_group()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16 dense")
-    print("| model | params | seq | recompute | step s | tokens/s | model TFLOP/s | MFU | peak mem GiB |")
+    print(
+        "| model | params | seq x micro-batches | attention (kernel) | recompute | step s "
+        "(fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU | peak mem GiB |"
+    )
     for r in results:
         if "error" in r:
             print(f"| {r['model']} | {r['error']} |")
             continue
         print(
-            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} | {r['recompute']} | {r['step_s']} | "
-            f"{r['tokens_per_s']} | {r['model_tflops']} | {r['mfu']:.3f} | {r['peak_mem_gib']} |"
+            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
+            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {r['step_s']} "
+            f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
+            f"{r['mfu']:.3f} | {r['peak_mem_gib']} |"
         )
     return 0
 

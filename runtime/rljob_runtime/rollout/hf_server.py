@@ -27,7 +27,13 @@ shared/reference/sglang-http.md):
   ``protocol.serialize_named_tensors``) or a CUDA IPC bucket (``sync/cuda_ipc.py``). Both wait for the running batch and bump
   ``weight_version`` when given.
 - ``/release_memory_occupation``, ``/resume_memory_occupation``: no-ops (200).
-- ``/init_weights_update_group``, ``/update_weights_from_distributed``: 400 (NCCL only, GPU).
+- ``POST /init_weights_update_group`` ``{master_address, master_port, rank_offset, world_size,
+  group_name, backend}`` (+ ``timeout_s``, ours): join the trainer's weight-update group (NCCL on a
+  CUDA engine; gloo on CPU, for tests). ``POST /update_weights_from_distributed`` ``{names, dtypes,
+  shapes, group_name, load_format, weight_version}``: receive one broadcast (a flattened bucket, or
+  one per tensor without ``load_format``) and load it. ``POST /destroy_weights_update_group``.
+  See ``sync/nccl.py``.
+- ``GET /weights_checksum[?names=a,b]`` (ours): exact per-tensor checksums of the served weights.
 """
 
 from __future__ import annotations

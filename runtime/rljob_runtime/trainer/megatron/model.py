@@ -1,5 +1,6 @@
-"""Megatron-core GPTModel from an HF config (local layer spec: no TransformerEngine), HF weights in
-and out. Needs megatron-core (``pip install 'rljob[megatron]'``) and an initialised torch.distributed.
+"""Megatron-core GPTModel from an HF config (local layer spec: no TransformerEngine; core attention
+through torch's SDPA by default, see attention.py), HF weights in and out. Needs megatron-core
+(``pip install 'rljob[megatron]'``) and an initialised torch.distributed.
 
 Call order on every rank: ``validate_parallelism`` (pure, before any GPU work) -> ``init_model_parallel``
 -> ``build_gpt_model`` -> ``load_hf_weights``; ``export_hf_weights`` gives the HF tensors back.
@@ -7,6 +8,7 @@ Call order on every rank: ``validate_parallelism`` (pure, before any GPU work) -
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -17,14 +19,19 @@ from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .arch import ModelShape, model_shape
+from .attention import SdpaAttention
 from .convert import Tensors, hf_to_megatron, megatron_to_hf
 from .parallel import Parallelism, padded_vocab_size, validate_parallelism
 from .shard import from_stage, gather_tensor, shard_tp, to_stage
 
 Recompute = Literal["full", "selective"] | None
+# "sdpa": SdpaAttention (flash / cuDNN kernels on GPU, no s x s scores); "local": megatron-core's
+# DotProductAttention (materialised scores, fp32 softmax), the reference it is tested against.
+Attention = Literal["sdpa", "local"]
 
 
 def init_model_parallel(par: Parallelism, seed: int = 0) -> None:
@@ -52,9 +59,16 @@ def transformer_config(
     dtype: torch.dtype = torch.bfloat16,
     recompute: Recompute = None,
     cpu_init: bool = False,
+    fuse_swiglu: bool = False,
 ) -> TransformerConfig:
     """Llama-style decoder settings: RMSNorm, SwiGLU without biases (qkv bias for Qwen2), GQA, qk-norm
-    for Qwen3, no dropout (RL fine-tuning; HF configs carry 0), fused kernels off (they need apex/TE)."""
+    for Qwen3, no dropout (RL fine-tuning; HF configs carry 0).
+
+    Fusions (megatron-core 0.16.1 without apex/TE): ``fuse_swiglu`` turns on the one that runs on plain
+    torch, SwiGLU through ``fusions/fused_bias_swiglu.py`` (torch.compile'd, so meant for GPU: a first
+    compile on CPU takes tens of seconds). The others stay off: they need apex, TE or megatron's own
+    CUDA extensions, or have nothing to fuse here (see the comments at each flag).
+    """
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -71,12 +85,24 @@ def transformer_config(
         qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        attention_softmax_in_fp32=True,
-        bias_activation_fusion=False,
+        attention_softmax_in_fp32=True,  # read by the "local" attention only (SDPA kernels use fp32)
+        # mlp.py: with F.silu + gated_linear_unit this calls bias_swiglu_impl -> SwiGLUFunction, whose
+        # forward/backward are megatron.core.jit.jit_fuser = torch.compile (torch >= 2.2): one kernel
+        # each way, and it saves only the fc1 output for backward (the unfused glu also keeps silu(x)
+        # and x_linear + glu_linear_offset: two more [tokens, ffn] tensors per layer).
+        bias_activation_fusion=fuse_swiglu,
+        # FusedScaleMaskSoftmax imports megatron's scaled_masked_softmax_cuda extension (not shipped
+        # in the wheel); moot with SDPA, which has its own softmax.
         masked_softmax_fusion=False,
+        # rope_utils takes the fused kernel from TE only; TransformerConfig refuses it without TE.
         apply_rope_fusion=False,
+        # No linear biases and dropout 0 (F.dropout with p=0 returns its input): only the residual
+        # add is left, nothing worth a compiled kernel.
         bias_dropout_fusion=False,
+        # Needs apex's fused_weight_gradient_mlp_cuda; ColumnParallelLinear refuses it without.
         gradient_accumulation_fusion=False,
+        # Apex's persistent LayerNorm kernel; the local spec's torch norms (WrappedTorchNorm) assert
+        # it off, as they do memory_efficient_layer_norm (left at its default, off).
         persist_layer_norm=False,
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
@@ -98,6 +124,20 @@ def transformer_config(
     )
 
 
+def layer_spec(shape: ModelShape, attention: Attention = "sdpa") -> ModuleSpec:
+    """megatron-core's local layer spec (torch norms, Megatron's parallel linears), with SdpaAttention
+    as the core attention for "sdpa"; "local" keeps DotProductAttention."""
+    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    if attention == "local":
+        return spec
+    if attention != "sdpa":
+        raise ValueError(f"attention must be 'sdpa' or 'local', got {attention!r}")
+    spec = copy.deepcopy(spec)  # a copy: the spec's objects stay as megatron-core built them
+    layer: Any = spec.submodules  # TransformerLayerSubmodules (ModuleSpec types it as object)
+    layer.self_attention.submodules.core_attention = SdpaAttention
+    return spec
+
+
 def build_gpt_model(
     shape: ModelShape,
     par: Parallelism,
@@ -105,16 +145,23 @@ def build_gpt_model(
     dtype: torch.dtype = torch.bfloat16,
     recompute: Recompute = None,
     parallel_output: bool = False,
+    attention: Attention = "sdpa",
+    fuse_swiglu: bool = False,
 ) -> GPTModel:
     """This rank's GPTModel chunk (its TP slice and PP stage), uninitialised, on the current device.
 
     ``parallel_output``: keep the logits split over TP ranks by vocab; False gathers them.
+    ``attention``: the core attention (``Attention``). ``fuse_swiglu``: see ``transformer_config``;
+    off by default (torch.compile in every trainer rank, recompiling as RL batch lengths change: opt
+    in where it is measured, as the MFU benchmark does).
     """
     cpu = not torch.cuda.is_available()
-    config = transformer_config(shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu)
+    config = transformer_config(
+        shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu, fuse_swiglu=fuse_swiglu
+    )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm"),
+        transformer_layer_spec=layer_spec(shape, attention),
         vocab_size=padded_vocab_size(shape.vocab_size, par.tp),
         max_sequence_length=shape.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -138,6 +185,7 @@ def setup_model(
     recompute: Recompute = None,
     seed: int = 0,
     parallel_output: bool = False,
+    attention: Attention = "sdpa",
 ) -> tuple[GPTModel, ModelShape, Parallelism]:
     """Validate the layout (pure: a bad one is refused before any process group or GPU memory), then
     create Megatron's process groups and this rank's model chunk. ``gpus`` defaults to the world size."""
@@ -146,7 +194,9 @@ def setup_model(
         gpus = dist.get_world_size() if dist.is_initialized() else 1
     par = validate_parallelism(shape, tp=tp, pp=pp, cp=cp, gpus=gpus)
     init_model_parallel(par, seed)
-    model = build_gpt_model(shape, par, dtype=dtype, recompute=recompute, parallel_output=parallel_output)
+    model = build_gpt_model(
+        shape, par, dtype=dtype, recompute=recompute, parallel_output=parallel_output, attention=attention
+    )
     return model, shape, par
 
 
