@@ -760,7 +760,13 @@ def measure(
         timings, hf = transport.sync(state, version)
         verify(server, hf, version, tied)
         runs.append(timings)
-        print(f"{model}: sync {rep} {timings['total_s'] * 1e3:.1f} ms, checksums equal", flush=True)
+        # every phase on each line: a run cut short by its time limit still shows where the time went
+        phases = " ".join(
+            f"{k[:-2]} {v * 1e3:.1f}" for k, v in timings.items() if k.endswith("_s") and k != "total_s"
+        )
+        print(
+            f"{model}: sync {rep} {timings['total_s'] * 1e3:.1f} ms ({phases}), checksums equal", flush=True
+        )
     return runs, hf
 
 

@@ -186,8 +186,11 @@ class WeightUpdateGroup:
             self.pg.broadcast([tensor], opts).wait()
 
     def close(self) -> None:
-        with contextlib.suppress(RuntimeError, AttributeError):  # already aborted; gloo has none
-            self.pg.shutdown()
+        """Leave the group at once. ``abort`` and not ``shutdown``: NCCL's graceful finalize can wait
+        for the peers, and each side leaves on its own (the engine inside an HTTP request the trainer
+        waits on), so a graceful close could deadlock. The group is idle when it is closed."""
+        with contextlib.suppress(RuntimeError, AttributeError):  # already aborted, or a torch without it
+            self.pg.abort()
 
 
 class NcclSender:
