@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from megatron_cpu import cpu_megatron_world
 
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
@@ -81,23 +82,8 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def cpu_megatron() -> Iterator[None]:
-    if torch.cuda.is_available():
-        pytest.skip("CPU-only test (tests/gpu covers CUDA)")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-    mp.setattr(mp_random.get_cuda_rng_tracker(), "fork", lambda *a, **k: contextlib.nullcontext())
-    try:
+    with cpu_megatron_world():
         yield
-    finally:
-        mp.undo()
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def _hf_model(config: dict[str, Any], state: dict[str, torch.Tensor]) -> Any:

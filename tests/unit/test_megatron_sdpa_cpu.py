@@ -6,19 +6,16 @@ not compute. Skipped where megatron-core is not installed (CI).
 
 from __future__ import annotations
 
-import contextlib
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from megatron_cpu import cpu_megatron_world
 
 pytest.importorskip("megatron.core")
 
-import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.core.tensor_parallel import random as mp_random
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
@@ -60,26 +57,8 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def cpu_megatron() -> Iterator[None]:
-    if torch.cuda.is_available():
-        pytest.skip("CPU-only test")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    mp = pytest.MonkeyPatch()  # megatron-core reaches for CUDA (rotary cache device, RNG tracker)
-    mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-    mp.setattr(mp_random.get_cuda_rng_tracker(), "fork", lambda *a, **k: contextlib.nullcontext())
-    # Activation recompute saves and restores the CUDA RNG state around each checkpointed region.
-    mp.setattr(mp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
-    mp.setattr(mp_random, "_set_cuda_rng_state", lambda *a, **k: None)
-    try:
+    with cpu_megatron_world():
         yield
-    finally:
-        mp.undo()
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def _logits_and_grads(

@@ -31,6 +31,23 @@ def bare_manager(provider: Any = None) -> tuple[RolloutManager, list[tuple[str, 
     return manager, sent
 
 
+def record_requests(manager: RolloutManager) -> list[tuple[str, Any]]:
+    """Make ``manager``'s engine requests succeed and record (path, body) in the order they are sent."""
+    posted: list[tuple[str, Any]] = []
+
+    async def expect(url: str, method: str, path: str, body: Any) -> Any:
+        posted.append((path, body))
+        return {"success": True}
+
+    async def engine_request(url: str, method: str, path: str, *a: Any, **k: Any) -> tuple[int, Any]:
+        posted.append((path, None))
+        return 200, {}
+
+    manager._expect = expect  # type: ignore[method-assign]
+    manager._engine_request = engine_request  # type: ignore[method-assign]
+    return posted
+
+
 async def _update(manager: RolloutManager, update: _WeightUpdate) -> str:
     manager._weights_lock = asyncio.Lock()
     return await manager._update_all(update)

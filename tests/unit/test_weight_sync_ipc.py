@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_rollout_manager_weights import _update, bare_manager
+from test_rollout_manager_weights import _update, bare_manager, record_requests
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.rollout import protocol
@@ -229,18 +229,7 @@ def test_a_backend_without_ipc_export_falls_back_to_the_shm_file() -> None:
 
 def test_manager_sends_one_request_per_bucket_and_the_version_with_the_last() -> None:
     manager, _ = bare_manager()
-    posted: list[tuple[str, Any]] = []
-
-    async def expect(url: str, method: str, path: str, body: Any) -> Any:
-        posted.append((path, body))
-        return {"success": True}
-
-    async def engine_request(url: str, method: str, path: str, *a: Any, **k: Any) -> tuple[int, Any]:
-        posted.append((path, None))
-        return 200, {}
-
-    manager._expect = expect  # type: ignore[method-assign]
-    manager._engine_request = engine_request  # type: ignore[method-assign]
+    posted = record_requests(manager)
     update = _WeightUpdate("ipc", "7", serialized=("b0", "b1"), load_format="flattened_bucket")
     from rljob_runtime.rollout.manager import RolloutManager
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_rollout_manager_weights import bare_manager
+from test_rollout_manager_weights import bare_manager, record_requests
 from test_weight_sync_ipc import _spec
 
 from rljob_runtime.rollout.manager import RolloutManager, _WeightUpdate
@@ -204,18 +204,7 @@ def test_the_group_is_built_once_rebuilt_after_a_relaunch_and_after_a_failure() 
 
 def test_manager_sends_one_distributed_request_per_bucket_then_continues() -> None:
     manager, _ = bare_manager()
-    posted: list[tuple[str, Any]] = []
-
-    async def expect(url: str, method: str, path: str, body: Any) -> Any:
-        posted.append((path, body))
-        return {"success": True}
-
-    async def engine_request(url: str, method: str, path: str, *a: Any, **k: Any) -> tuple[int, Any]:
-        posted.append((path, None))
-        return 200, {}
-
-    manager._expect = expect  # type: ignore[method-assign]
-    manager._engine_request = engine_request  # type: ignore[method-assign]
+    posted = record_requests(manager)
     bodies = tuple(BucketSpec((n,), ("float32",), ((2,),)).body("g") for n in ("a", "b"))
     update = _WeightUpdate("distributed", "9", buckets=bodies)
     asyncio.run(RolloutManager._update_engine(manager, "http://e", update))
