@@ -84,6 +84,41 @@ def test_group_sends_each_replica_its_rows(monkeypatch: pytest.MonkeyPatch) -> N
     assert sent[0] == sent[1] == [3, 4, 5, 6] and sent[2] == sent[3] == [7, 8, 9, 10]
 
 
+def test_two_threads_queue_the_ranks_collectives_in_one_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver thread saves while the rollout manager's thread exports weights (an engine
+    relaunch): every rank must get the two collectives in the same order, or they deadlock."""
+    import threading
+    import time
+
+    import rljob_runtime.trainer.group as group_mod
+
+    calls: list[tuple[int, str, Any]] = []
+
+    class _SlowRank(_FakeRank):  # a slow submission, so unlocked submissions would interleave
+        def __getattr__(self, name: str) -> Any:
+            method = super().__getattr__(name)
+
+            class _Slow:
+                def remote(self, *args: Any, **kwargs: Any) -> _Ref:
+                    time.sleep(0.002)
+                    return method.remote(*args, **kwargs)
+
+            return _Slow()
+
+    group = TrainerGroup(_spec(tensor=2, gpus=2), [_SlowRank(calls, i) for i in range(2)], dp_ranks=[0, 0])
+    monkeypatch.setattr(group_mod, "_gather", lambda refs, timeout_s=None: [{} for _ in refs])
+    threads = [
+        threading.Thread(target=lambda: [group.save("/ckpt") for _ in range(20)]),
+        threading.Thread(target=lambda: [group.named_tensors() for _ in range(20)]),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    per_rank = [[name for rank, name, _ in calls if rank == r] for r in range(2)]
+    assert len(per_rank[0]) == 40 and per_rank[0] == per_rank[1]
+
+
 # ------------------------------------------------------------------------------- prepare refusals
 
 

@@ -9,7 +9,8 @@ rows (``replica_rows``) and the results are read from one of them (``replica_lea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,13 +61,25 @@ def rank_class(backend: str) -> type:
 
 
 class TrainerGroup:
-    """A trainer backend's ranks seen as one trainer (implements ``base.TrainerBackend``)."""
+    """A trainer backend's ranks seen as one trainer (implements ``base.TrainerBackend``).
+
+    Two threads use it: the driver's, and the rollout manager's when it relaunches an engine and asks
+    ``named_tensors`` for the current weights. An operation's calls to its ranks are submitted under
+    one lock, so every rank queues the operations in the same order (Ray runs one submitter's actor
+    calls in submission order); interleaved, two collectives could each wait on the other's ranks.
+    """
 
     def __init__(self, spec: RLTrainingJobSpec, actors: list[Any], dp_ranks: list[int] | None = None) -> None:
         self.spec = spec
         self.actors = actors  # Ray actor handles, rank order
         # Data-parallel rank of each actor: the torch backend is data parallel only (rank = dp rank).
         self.dp_ranks = list(range(len(actors))) if dp_ranks is None else dp_ranks
+        self._submitting = threading.Lock()
+
+    def _submit(self, calls: Callable[[], list[Any]]) -> list[Any]:
+        """Submit one operation's calls to its ranks together (see the class docstring); the refs."""
+        with self._submitting:
+            return calls()
 
     @property
     def world_size(self) -> int:
@@ -146,7 +159,9 @@ class TrainerGroup:
         self._check_identity(samples)
         shards, batches = self._rank_batches(samples)
         every: list[LogProbs] = _gather(
-            [actor.logprobs.remote(batch) for actor, batch in zip(self.actors, batches, strict=True)]
+            self._submit(
+                lambda: [actor.logprobs.remote(b) for actor, b in zip(self.actors, batches, strict=True)]
+            )
         )
         leaders = replica_leaders(self.dp_ranks)  # one rank per replica: its peers return the same
         shards = [shards[i] for i in leaders]
@@ -197,25 +212,29 @@ class TrainerGroup:
             for start in range(0, len(samples), gbs)
         ]
         shards, batches = self._rank_batches(samples)
-        refs = []
-        for actor, rows, batch in zip(self.actors, shards, batches, strict=True):
-            idx = torch.tensor(rows)
 
-            def part(t: torch.Tensor | None, idx: torch.Tensor = idx, width: int = batch.width) -> Any:
-                return None if t is None else t[idx, :width].contiguous()
+        def calls() -> list[Any]:
+            refs = []
+            for actor, rows, batch in zip(self.actors, shards, batches, strict=True):
+                idx = torch.tensor(rows)
 
-            refs.append(
-                actor.train.remote(
-                    batch,
-                    part(advantages),
-                    part(old_logp),
-                    part(ref_logp),
-                    denominators=denominators,
-                    values=part(values),
-                    returns=part(returns),
+                def part(t: torch.Tensor | None, idx: torch.Tensor = idx, width: int = batch.width) -> Any:
+                    return None if t is None else t[idx, :width].contiguous()
+
+                refs.append(
+                    actor.train.remote(
+                        batch,
+                        part(advantages),
+                        part(old_logp),
+                        part(ref_logp),
+                        denominators=denominators,
+                        values=part(values),
+                        returns=part(returns),
+                    )
                 )
-            )
-        results: list[Metrics] = _gather(refs)
+            return refs
+
+        results: list[Metrics] = _gather(self._submit(calls))
         per_rank = [results[i] for i in replica_leaders(self.dp_ranks)]  # peers report the same
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
@@ -226,7 +245,7 @@ class TrainerGroup:
         return [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
 
     def _from_rank0(self, method: str, *args: Any) -> Any:
-        return _gather([getattr(a, method).remote(*args) for a in self._exporters()])[0]
+        return _gather(self._submit(lambda: [getattr(a, method).remote(*args) for a in self._exporters()]))[0]
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """Rank 0's weights under HF names, CPU."""
@@ -263,7 +282,7 @@ class TrainerGroup:
     def broadcast_weights(self, specs: list[Any]) -> list[Any]:
         """Refs of the replica's ranks sending ``specs`` (rank 0's answer first); the caller awaits
         them while the engines receive."""
-        return [a.broadcast_weights.remote(specs) for a in self._exporters()]
+        return self._submit(lambda: [a.broadcast_weights.remote(specs) for a in self._exporters()])
 
     def wait(self, refs: list[Any]) -> list[Any]:
         """The results of refs returned by ``init_weight_update_group`` / ``broadcast_weights``."""
@@ -273,13 +292,13 @@ class TrainerGroup:
         _gather([self.actors[0].close_weight_update_group.remote()])
 
     def save(self, path: str) -> None:
-        _gather([a.save.remote(str(path)) for a in self.actors])
+        _gather(self._submit(lambda: [a.save.remote(str(path)) for a in self.actors]))
 
     def load(self, path: str) -> None:
-        _gather([a.load.remote(str(path)) for a in self.actors])
+        _gather(self._submit(lambda: [a.load.remote(str(path)) for a in self.actors]))
 
     def set_seed(self, seed: int) -> None:
-        _gather([a.set_seed.remote(seed) for a in self.actors])
+        _gather(self._submit(lambda: [a.set_seed.remote(seed) for a in self.actors]))
 
     def shutdown(self) -> None:
         """Leave the process group and kill every rank (idempotent)."""
