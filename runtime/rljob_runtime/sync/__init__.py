@@ -78,7 +78,6 @@ class WeightSync:
         self._group_name: str | None = None
         self._group_epoch = -1
         self._groups_made = 0
-        self._bodies: list[dict[str, Any]] | None = None
         self._specs: list[Any] | None = None
 
     def _scratch_dir(self) -> Path:
@@ -154,7 +153,7 @@ class WeightSync:
         try:
             rollout.update_weights_from_distributed(bodies, version=version)
         except BaseException:
-            self._group_name = None  # the group's state is unknown now: rebuild it next time
+            self._group_epoch = -1  # the group's state is unknown now: leave it and build anew next time
             raise
         size = trainer.wait(sending)[0]["bytes"]
         seconds = time.perf_counter() - started
