@@ -54,6 +54,13 @@ def parse_document(doc: Any) -> tuple[RLTrainingJobSpec, dict[str, Any]]:
     if not isinstance(doc, Mapping):
         raise SpecError([f"expected an RLTrainingJob manifest or its spec, got {type(doc).__name__}"])
     if "apiVersion" not in doc and "kind" not in doc:
+        if isinstance(doc.get("spec"), Mapping):  # a manifest that lost its header, not a bare spec
+            raise SpecError(
+                [
+                    f"a document with spec: but no apiVersion/kind: add 'apiVersion: {API_VERSION}' and "
+                    f"'kind: {KIND}' (a manifest), or give the spec's fields at the top level (a bare spec)"
+                ]
+            )
         return parse_spec(doc), {}
     problems = []
     if doc.get("apiVersion") != API_VERSION:

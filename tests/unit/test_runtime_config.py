@@ -66,6 +66,15 @@ def test_wrong_kind_missing_file_and_bad_yaml(tmp_path: Path) -> None:
         load_config(bad)
 
 
+def test_a_manifest_without_its_header_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, {"metadata": {"name": "a"}, "spec": BASE_SPEC}))
+    assert info.value.problems == [
+        "a document with spec: but no apiVersion/kind: add 'apiVersion: rljob.dev/v1alpha1' and "
+        "'kind: RLTrainingJob' (a manifest), or give the spec's fields at the top level (a bare spec)"
+    ]
+
+
 def test_cli_validate_ok_and_failure_last_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", "-c", str(REPO / "examples/manifests/grpo-job.yaml")]) == 0
     out = capsys.readouterr().out
