@@ -77,6 +77,7 @@ for _path in (REPO / "runtime", REPO / "api", HERE):
 
 from weight_sync_ipc import MODELS, copy_gb_per_s  # noqa: E402
 
+from rljob_runtime.net import free_port  # noqa: E402
 from rljob_runtime.rollout import procs, protocol  # noqa: E402
 from rljob_runtime.sync.buckets import plan_buckets  # noqa: E402
 from rljob_runtime.sync.checksum import checksums  # noqa: E402
@@ -339,7 +340,7 @@ class EngineServer:
     def __init__(self, model_path: Path, device: torch.device, log_path: Path, args: argparse.Namespace):
         self.model_path, self.device, self.log_path = model_path, device, log_path
         self.load_timeout, self.request_timeout = args.server_timeout, args.request_timeout
-        self.port = procs.free_port(LOCALHOST)
+        self.port = free_port(LOCALHOST)
         self.http = Http(LOCALHOST, self.port)
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_s = 0.0
@@ -566,7 +567,7 @@ class NcclTransport(Transport):
 
         self.specs = bucket_specs(hf.items(), self.bucket_bytes)  # planned once, as the trainer does
         self.buckets = len(self.specs)
-        port = procs.free_port(LOCALHOST)
+        port = free_port(LOCALHOST)
         body = protocol.init_weights_update_group_body(
             master_address=LOCALHOST,
             master_port=port,

@@ -181,7 +181,7 @@ def test_client_errors_fail_at_once_and_connection_errors_are_retried() -> None:
         asyncio.run(_with_server(bad, lambda url: generate_samples(url, _samples(1), PARAMS, retry=FAST)))
 
     async def nobody_listens() -> None:
-        from rljob_runtime.rollout.procs import free_port
+        from rljob_runtime.net import free_port
 
         await generate_samples(f"http://127.0.0.1:{free_port()}", _samples(1), PARAMS, retry=FAST)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sglang_router.launch_router import parse_router_args
 
+from rljob_runtime.net import free_port
 from rljob_runtime.rollout import procs, protocol
 from rljob_runtime.rollout.engine_actor import COLOCATED_FRACTION, actor_options, engine_command
 from rljob_runtime.rollout.hf_server import build_parser
@@ -136,7 +137,7 @@ def test_child_dies_with_a_hard_killed_parent(tmp_path: Path) -> None:
 def test_free_port_is_bindable() -> None:
     import socket
 
-    port = procs.free_port()
+    port = free_port("127.0.0.1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert procs.log_tail(None) == ""

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import ray
 
+from ..net import free_port
 from . import procs, protocol
 
 EngineKind = Literal["hf", "sglang"]
@@ -220,7 +221,7 @@ class EngineProcess:
             path = model_path or self.model_path
             deadline = time.monotonic() + self.startup_timeout_s
             for attempt in range(3):
-                self._launch_once(path, procs.free_port(self.host))
+                self._launch_once(path, free_port(self.host))
                 try:
                     self._wait_healthy(deadline)
                     return self._url  # type: ignore[return-value]

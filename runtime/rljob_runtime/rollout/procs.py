@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,13 +36,6 @@ _LIBC = _libc_prctl()
 def _die_with_parent() -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the caller retries on a lost race)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def spawn(

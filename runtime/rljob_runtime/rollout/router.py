@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..net import free_port
 from . import procs
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
@@ -102,7 +103,7 @@ class Router:
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="rljob-router-"))
         log_path = log_dir / "router.log"
         for attempt in range(3):
-            port, metrics_port = procs.free_port(host), procs.free_port(host)
+            port, metrics_port = free_port(host), free_port(host)
             cmd = router_command(host=host, port=port, metrics_port=metrics_port, policy=policy)
             proc = procs.spawn(cmd, log_path=log_path)
             router = cls(proc, f"http://{host}:{port}", metrics_port, log_path)

@@ -36,6 +36,7 @@ from rljob_api.spec_training import OptimizerSpec
 from ..algo.batching import steps_per_rollout
 from ..algo.logprobs import entropy_from_logits, token_logprobs
 from ..algo.losses import policy_loss, value_loss
+from ..net import free_port, node_ip
 from .base import (
     LogProbs,
     Metrics,
@@ -49,7 +50,6 @@ from .base import (
     step_counts,
 )
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
-from .net import free_port, node_ip
 from .weight_source import WeightSource
 
 # Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from ..net import free_port, node_ip
 from ..sync.nccl import BucketSpec, NcclSender, WeightUpdateGroup, bucket_specs
-from .net import free_port, node_ip
 
 
 class WeightSource:

@@ -28,6 +28,7 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from ...algo.batching import steps_per_rollout
 from ...algo.losses import policy_loss
+from ...net import free_port, node_ip
 from ..base import (
     LogProbs,
     Metrics,
@@ -39,7 +40,6 @@ from ..base import (
     pad_columns,
     step_counts,
 )
-from ..net import free_port, node_ip
 from ..torch_backend import (
     needs_reference,
     rng_state,

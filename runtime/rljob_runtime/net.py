@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 
 
-def free_port() -> int:
+def free_port(host: str = "") -> int:
+    """A port that was free a moment ago on ``host`` ("": every interface, for peers on other
+    nodes); the caller retries on a lost race."""
     with socket.socket() as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
