@@ -745,9 +745,19 @@ class RolloutManager:
         atexit.unregister(self.shutdown)
 
         async def stop_tasks() -> None:
-            tasks = [e.health_task for e in self.engines if e.health_task]
-            for task in [*tasks, *self._generations, *self._replacements]:
+            # Every task on the loop, not only the tracked ones: a caller interrupted mid-call (SIGTERM
+            # in the driver) leaves its coroutine running here. Each is awaited before the session
+            # closes, so none fails later with "Session is closed" and prints a traceback at exit,
+            # after the runtime's last line (the operator reads that line as the reason).
+            current = asyncio.current_task()
+            pending = [t for t in asyncio.all_tasks() if t is not current]
+            for task in pending:
                 task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+            for task in pending:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: asyncio would log it at exit otherwise
             if self._session is not None:
                 await self._session.close()
 
