@@ -301,6 +301,21 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
     one = get(f"{cluster.engines[0]}/weights_checksum?names=model.norm.weight")["checksums"]
     assert list(one) == ["model.norm.weight"]
     assert http("GET", f"{cluster.engines[0]}/weights_checksum?names=nope")[0] == 404
+    # weight-update groups: bad requests are refused with what is wrong, before anything blocks
+    status, answer = http("POST", f"{cluster.engines[0]}/init_weights_update_group", {"master_port": 1})
+    assert status == 400 and "master_address" in answer["message"] and "world_size" in answer["message"]
+    nccl = protocol.init_weights_update_group_body(
+        master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, group_name="g"
+    )
+    status, answer = http("POST", f"{cluster.engines[0]}/init_weights_update_group", nccl)
+    assert status == 400 and "needs a CUDA engine" in answer["message"]
+    body = protocol.update_weights_from_distributed_body(
+        names=["model.norm.weight"], dtypes=["float32"], shapes=[[64]], group_name="g"
+    )
+    status, answer = http("POST", f"{cluster.engines[0]}/update_weights_from_distributed", body)
+    assert status == 400 and "POST /init_weights_update_group first" in answer["message"]
+    status, answer = http("POST", f"{cluster.engines[0]}/destroy_weights_update_group", {"group_name": "g"})
+    assert status == 400 and "no group 'g'" in answer["message"]
     bad = protocol.update_weights_from_tensor_body(
         [protocol.serialize_named_tensors([("nope", torch.zeros(2))])]
     )

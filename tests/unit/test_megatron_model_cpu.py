@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from megatron_cpu import cpu_megatron_world
 
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
@@ -78,12 +76,6 @@ TINY = {
         "vocab_size": 203,
     },
 }
-
-
-@pytest.fixture(scope="module")
-def cpu_megatron() -> Iterator[None]:
-    with cpu_megatron_world():
-        yield
 
 
 def _hf_model(config: dict[str, Any], state: dict[str, torch.Tensor]) -> Any:

@@ -6,12 +6,10 @@ not compute. Skipped where megatron-core is not installed (CI).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from megatron_cpu import cpu_megatron_world
 
 pytest.importorskip("megatron.core")
 
@@ -53,12 +51,6 @@ TINY = {
         "vocab_size": 203,
     },
 }
-
-
-@pytest.fixture(scope="module")
-def cpu_megatron() -> Iterator[None]:
-    with cpu_megatron_world():
-        yield
 
 
 def _logits_and_grads(
