@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 G=${RLJOB_GPU_CARRY:-.gpu}; mkdir -p $G/c1/whl $G/smol-a $G/smol-b $G/sh
-cp benchmarks/gpu/device/*.sh $G/sh/
+rm -f $G/sh/*; cp benchmarks/gpu/device/*.sh $G/sh/  # only this checkout's scripts
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
   --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64

@@ -111,7 +111,10 @@ class HFEngine:
         self.device = torch.device(device)
         self.dtype: torch.dtype = getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device)
+        # device_map: the weights load straight onto the GPU (a CPU copy first took most of a 4B start)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=self.dtype, device_map=str(self.device)
+        )
         self.model.eval()
         self.config = self.model.config
         eos: set[int] = set()
