@@ -5,7 +5,9 @@ Qwen3-style weights, bf16 params with fp32 main params / grads, Megatron DDP + d
 sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on random tokens.
 
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --recompute none --json /tmp/mfu.json
-    python3 benchmarks/gpu/megatron_mfu.py --models 4b --recompute full --json /tmp/mfu.json   # 80 GB
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --profile --json /tmp/mfu.json  # + kernel breakdown
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --ce-fusion --grad-dtype bf16 --json /tmp/mfu.json
+    python3 benchmarks/gpu/megatron_mfu.py --models 4b --recompute full --optimizer-offload 0.5  # 80 GB
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --attention local --recompute selective  # before
 
 One optimizer step = ``--micro-batches`` N forward + backward passes of one sequence each (gradient
@@ -24,6 +26,34 @@ in backward, which the 4b needs on an 80 GB GPU). ``sdpa_backend`` in the result
 picks for the model's attention shapes (``--sdpa-backend`` forces one). ``--swiglu unfused`` turns off
 the one Megatron fusion the model uses (torch.compile'd SwiGLU). Several models run one process each
 (fresh memory). Results and what limits them: docs/BENCHMARKS.md (Megatron section).
+
+Options beyond the defaults (each recorded in the result):
+
+- ``--ce-fusion``: the model config's ``cross_entropy_loss_fusion=True``,
+  ``cross_entropy_fusion_impl="native"``: ``LanguageModule.compute_language_model_loss`` then calls
+  megatron-core's ``fusions/fused_cross_entropy.py`` (the same vocab-parallel cross-entropy, its
+  pieces torch.compile'd through ``megatron.core.jit.jit_fuser``; no TE or apex) instead of
+  ``tensor_parallel.vocab_parallel_cross_entropy``. Set on the built model's config, which the loss
+  reads at every call.
+- ``--grad-dtype bf16``: ``DistributedDataParallelConfig(grad_reduce_in_fp32=False)``: the grad
+  buffer (gradient accumulation over micro-batches and the reduce) in bf16 instead of fp32. The
+  distributed optimizer still keeps fp32 main params and fp32 Adam state; at the optimizer step it
+  copies each grad shard to fp32 (``shard_model_grad.float()``), a copy that lives until the next
+  step's ``zero_grad``: less memory in forward + backward, more at the optimizer step.
+- ``--optimizer-offload F``: megatron-core's HybridDeviceOptimizer (``OptimizerConfig(
+  optimizer_cpu_offload=True, optimizer_offload_fraction=F)``; works without TE: torch's AdamW,
+  fused, on both sides): the Adam state of the first fraction F of the parameters (by numel, in
+  parameter order) lives on the CPU and is updated there (grads copied to pinned host memory, the
+  updated fp32 params copied back). The fp32 main params stay on the GPU (the precision-aware
+  variant that would move them too needs TE: ``OptimizerConfig`` refuses it without). GPU memory
+  for N parameters: 2N bf16 params + 4N grads (2N with bf16 grads) + 4N main params + 8N (1 - F)
+  Adam state; host memory about 16N F plus pinned-buffer rounding. ``--offload-overlap``
+  (``overlap_cpu_optimizer_d2h_h2d``): one CPU optimizer per parameter, copies on side streams
+  overlapping the CPU updates. The optimizer's time stays in ``optimizer_s``.
+- ``--profile``: after the timed steps, one more step under ``torch.profiler`` (CPU + CUDA): the
+  top 25 GPU kernels by total device time, device time by category (``profile_summary.py``), and
+  the GPU idle fraction = 1 - GPU busy time / step wall time (launch overhead, host-side work).
+  Stored under ``"profile"`` in the result; the timed figures do not include the profiled step.
 """
 
 from __future__ import annotations
@@ -31,27 +61,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 try:
     import rljob_runtime  # noqa: F401
 except ImportError:  # run from a checkout without the package installed
     sys.path[:0] = [str(REPO / "runtime"), str(REPO / "api")]
+if str(HERE) not in sys.path:  # the sibling profile_summary.py
+    sys.path.insert(0, str(HERE))
+
+# Only the pure modules at import time (arguments and the profile helpers are unit-tested without
+# megatron-core); attention.py and model.py, which import megatron-core, are imported where used.
+from profile_summary import category_line, format_summary, kernel_records, summarize_kernels  # noqa: E402
 
 from rljob_runtime.trainer.megatron import model_shape, validate_parallelism  # noqa: E402
-from rljob_runtime.trainer.megatron.attention import native_gqa  # noqa: E402
-from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel  # noqa: E402
 from rljob_runtime.trainer.megatron.parallel import padded_vocab_size  # noqa: E402
 from rljob_runtime.trainer.megatron.testing import QWEN3_0_6B  # noqa: E402
 
@@ -120,6 +158,8 @@ def sdpa_choice(shape: Any, seq: int) -> str:
     try:
         from torch.nn.attention import SDPBackend
 
+        from rljob_runtime.trainer.megatron.attention import native_gqa
+
         def heads(n: int) -> torch.Tensor:
             t = torch.empty(seq, 1, n, shape.head_dim, device="cuda", dtype=torch.bfloat16)
             return t.permute(1, 2, 0, 3).requires_grad_()
@@ -135,6 +175,33 @@ def sdpa_choice(shape: Any, seq: int) -> str:
         return f"unknown ({type(err).__name__})"
 
 
+PROFILE_TOP = 25  # kernels listed by --profile
+GRAD_DTYPES = ("fp32", "bf16")
+
+
+def profile_step(step: Callable[[], float], reference_step_s: float) -> dict[str, Any]:
+    """``--profile``: one more ``step()`` under torch.profiler (CPU + CUDA activities), summarised by
+    ``profile_summary.summarize_kernels``; wall time from a synchronize before it to one after it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - started) * 1e3
+    records = kernel_records(prof.events())
+    summary = summarize_kernels(records, wall_ms, top=PROFILE_TOP, reference_step_ms=reference_step_s * 1e3)
+    if not records:
+        summary["warning"] = "no CUDA kernels in the trace (is CUPTI available?)"
+    return summary
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
 def run_model(
     name: str,
     seq: int,
@@ -146,6 +213,12 @@ def run_model(
     micro_batches: int,
     sdpa_backend: str,
     swiglu: str,
+    *,
+    ce_fusion: bool = False,
+    grad_dtype: str = "fp32",
+    optimizer_offload: float | None = None,
+    offload_overlap: bool = False,
+    profile: bool = False,
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -155,6 +228,10 @@ def run_model(
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel
+
+    if grad_dtype not in GRAD_DTYPES:
+        raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {grad_dtype!r}")
     shape = model_shape(MODELS[name])
     par = validate_parallelism(shape, gpus=1)
     init_model_parallel(par, seed=0)
@@ -167,8 +244,25 @@ def run_model(
         attention=attention,  # type: ignore[arg-type]
         fuse_swiglu=swiglu == "fused",
     )
-    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
+    if ce_fusion:
+        # TransformerConfig fields (from ModelParallelConfig) that nothing checks at build time:
+        # LanguageModule.compute_language_model_loss reads them at every call, so setting them on
+        # the built model's config (the one object GPTModel and the DDP wrapper share) is enough.
+        model.config.cross_entropy_loss_fusion = True
+        model.config.cross_entropy_fusion_impl = "native"
+    # grad_reduce_in_fp32: the dtype of DDP's grad buffer (accumulation over micro-batches and the
+    # reduce); False keeps it in the params' bf16. Main params and Adam state are fp32 either way.
+    ddp = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=grad_dtype == "fp32", use_distributed_optimizer=True
+    )
     model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
+    offload: dict[str, Any] = {}
+    if optimizer_offload is not None:
+        offload = {
+            "optimizer_cpu_offload": True,
+            "optimizer_offload_fraction": optimizer_offload,
+            "overlap_cpu_optimizer_d2h_h2d": offload_overlap,
+        }
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
@@ -177,10 +271,23 @@ def run_model(
             params_dtype=torch.bfloat16,
             clip_grad=1.0,
             use_distributed_optimizer=True,
+            **offload,
         ),
         [model],
         use_gloo_process_groups=False,
     )
+    if offload:
+        # get_megatron_optimizer first builds a HybridDeviceOptimizer over the bf16 model params
+        # (fp32 copies of the GPU-side ones on the GPU, pinned + fp32 copies of the offloaded ones on
+        # the host), which DistributedOptimizer replaces with one over its fp32 main-param shards.
+        # The first is garbage held in a reference cycle (its sub-optimizers' step hooks refer back
+        # to it): collect it before the steps, or its copies count against the GPU. Its pinned host
+        # buffers go back to torch's pinned-memory cache; release that cache too (private API).
+        gc.collect()
+        torch.cuda.empty_cache()
+        host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
+        if callable(host_empty_cache):
+            host_empty_cache()
     config = model.module.config
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
@@ -224,6 +331,7 @@ def run_model(
         marks.append((start, mid, end))
         return sum(float(o["loss"]) for o in out) / len(out)
 
+    profiled: dict[str, Any] | None = None
     with sdpa_context(sdpa_backend):
         chosen = sdpa_choice(shape, seq) if attention == "sdpa" else "n/a (local attention)"
         for _ in range(warmup):
@@ -234,13 +342,22 @@ def run_model(
         losses = [step() for _ in range(steps)]
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - started) / steps
-    fwd_bwd = sum(a.elapsed_time(b) for a, b, _ in marks) / 1e3 / steps
-    optim = sum(b.elapsed_time(c) for _, b, c in marks) / 1e3 / steps
+        timed = list(marks)  # the profiled step below is not part of the timed figures
+        if profile:
+            try:
+                profiled = profile_step(step, seconds)
+                start, mid, end = marks[-1]
+                profiled["fwd_bwd_ms"] = round(start.elapsed_time(mid), 3)
+                profiled["optimizer_ms"] = round(mid.elapsed_time(end), 3)
+            except Exception as err:  # diagnostics only: keep the timed figures
+                profiled = {"error": first_line(err)}
+    fwd_bwd = sum(a.elapsed_time(b) for a, b, _ in timed) / 1e3 / steps
+    optim = sum(b.elapsed_time(c) for _, b, c in timed) / 1e3 / steps
     n_matmul, n_total = matmul_params(shape)
     attn_flops = 12 * shape.num_layers * seq * shape.q_size
     flops_per_token = 6 * n_matmul + attn_flops
     tokens_per_s = micro_batches * seq / seconds
-    return {
+    result: dict[str, Any] = {
         "model": name,
         "params": n_total,
         "matmul_params": n_matmul,
@@ -251,6 +368,10 @@ def run_model(
         "sdpa_backend": chosen,
         "swiglu": swiglu,
         "recompute": recompute,
+        "ce_fusion": ce_fusion,
+        "grad_dtype": grad_dtype,
+        "optimizer_offload": optimizer_offload,
+        "offload_overlap": offload_overlap,
         "step_s": round(seconds, 4),
         "fwd_bwd_s": round(fwd_bwd, 4),
         "optimizer_s": round(optim, 4),
@@ -260,12 +381,25 @@ def run_model(
         "attention_share_of_flops": round(attn_flops / flops_per_token, 3),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
+        # ru_maxrss is in KiB on Linux; pinned host buffers count (they are touched).
+        "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "loss_first_last": [round(losses[0], 4), round(losses[-1], 4)],
     }
+    if optimizer_offload is not None:
+        result["cpu_threads"] = torch.get_num_threads()  # the CPU Adam's intra-op threads
+    # What Megatron built under its DistributedOptimizer: AdamW (torch's, without TE / apex) or
+    # HybridDeviceOptimizer (--optimizer-offload).
+    try:
+        result["inner_optimizer"] = type(optimizer.optimizer).__name__
+    except Exception as err:  # diagnostics only (ChainedOptimizer.optimizer asserts a single one)
+        result["inner_optimizer"] = f"unknown ({type(err).__name__})"
+    if profiled is not None:
+        result["profile"] = profiled
+    return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", default="1b,4b")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=5)
@@ -275,22 +409,109 @@ def main() -> int:
     parser.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
     parser.add_argument("--swiglu", default="fused", choices=["fused", "unfused"])
     parser.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    parser.add_argument(
+        "--ce-fusion",
+        action="store_true",
+        help="megatron-core's native fused cross-entropy (cross_entropy_loss_fusion, impl 'native')",
+    )
+    parser.add_argument(
+        "--grad-dtype",
+        default="fp32",
+        choices=GRAD_DTYPES,
+        help="DDP grad buffer dtype (fp32: grad_reduce_in_fp32); main params and Adam stay fp32",
+    )
+    parser.add_argument(
+        "--optimizer-offload",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="HybridDeviceOptimizer: Adam state and update of this fraction of the params on the CPU",
+    )
+    parser.add_argument(
+        "--offload-overlap",
+        action="store_true",
+        help="with --optimizer-offload: overlap the host copies with the CPU updates",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one more step: top GPU kernels, time by category, GPU idle fraction",
+    )
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.micro_batches < 1:
         parser.error("--micro-batches must be >= 1")
+    if args.optimizer_offload is not None and not 0.0 <= args.optimizer_offload <= 1.0:
+        parser.error("--optimizer-offload must be a fraction in [0, 1]")
+    if args.offload_overlap and args.optimizer_offload is None:
+        parser.error("--offload-overlap needs --optimizer-offload")
+    return args
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """Every option but --models and --json, for the one-process-per-model runs."""
+    argv = ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    argv += ["--recompute", args.recompute, "--peak-tflops", str(args.peak_tflops)]
+    argv += ["--micro-batches", str(args.micro_batches), "--attention", args.attention]
+    argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
+    argv += ["--grad-dtype", args.grad_dtype]
+    if args.optimizer_offload is not None:
+        argv += ["--optimizer-offload", str(args.optimizer_offload)]
+    for flag in ("ce_fusion", "offload_overlap", "profile"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
+def offload_text(result: dict[str, Any]) -> str:
+    fraction = result.get("optimizer_offload")
+    if fraction is None:
+        return "off"
+    return f"{fraction:g} to CPU" + (" (overlap)" if result.get("offload_overlap") else "")
+
+
+def table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The final table, then one line per profiled model."""
+    lines = [
+        "| model | params | seq x micro-batches | attention (kernel) | recompute | SwiGLU / CE fusion "
+        "| grads | optimizer offload | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
+        "| peak mem GiB (host RSS) |"
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['error']} |")
+            continue
+        ce = "native" if r.get("ce_fusion") else "off"
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
+            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {r['swiglu']} / {ce} | "
+            f"{r.get('grad_dtype', 'fp32')} | {offload_text(r)} | {r['step_s']} "
+            f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
+            f"{r['mfu']:.3f} | {r['peak_mem_gib']} ({r.get('peak_host_rss_gib', '?')}) |"
+        )
+    for r in results:
+        prof = r.get("profile")
+        if not isinstance(prof, dict):
+            continue
+        if "error" in prof:
+            lines.append(f"{r['model']} profile failed: {prof['error']}")
+        else:
+            lines.append(f"{r['model']} GPU time by category: {category_line(prof)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     names = args.models.split(",")
     if len(names) > 1:  # one process per model: nothing of the last model's memory is left over
         results = []
         for name in names:
             part = Path(args.json or "/tmp/megatron_mfu.json").with_suffix(f".{name}.json")
-            argv = ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            argv += ["--recompute", args.recompute, "--peak-tflops", str(args.peak_tflops)]
-            argv += ["--micro-batches", str(args.micro_batches), "--attention", args.attention]
-            argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
+            part.unlink(missing_ok=True)  # a crashed run must not report an older file
             subprocess.run(
-                [sys.executable, __file__, *argv, "--models", name, "--json", str(part)], check=False
+                [sys.executable, __file__, *child_argv(args), "--models", name, "--json", str(part)],
+                check=False,
             )
             results.extend(
                 json.loads(part.read_text()) if part.exists() else [{"model": name, "error": "crashed"}]
@@ -311,31 +532,26 @@ def main() -> int:
                     args.micro_batches,
                     args.sdpa_backend,
                     args.swiglu,
+                    ce_fusion=args.ce_fusion,
+                    grad_dtype=args.grad_dtype,
+                    optimizer_offload=args.optimizer_offload,
+                    offload_overlap=args.offload_overlap,
+                    profile=args.profile,
                 )
             ]
         except torch.OutOfMemoryError as err:
             results = [{"model": names[0], "error": f"out of memory: {str(err).splitlines()[0]}"}]
         except RuntimeError as err:  # e.g. no kernel for a forced --sdpa-backend
             results = [{"model": names[0], "error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}]
+        prof = results[-1].get("profile")
+        if isinstance(prof, dict) and "top_kernels" in prof:
+            print("\n".join(["", f"{names[0]}: one profiled step", *format_summary(prof)]), flush=True)
         print(json.dumps(results[-1]), flush=True)
         dist.destroy_process_group()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16 dense")
-    print(
-        "| model | params | seq x micro-batches | attention (kernel) | recompute | step s "
-        "(fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU | peak mem GiB |"
-    )
-    for r in results:
-        if "error" in r:
-            print(f"| {r['model']} | {r['error']} |")
-            continue
-        print(
-            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
-            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {r['step_s']} "
-            f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
-            f"{r['mfu']:.3f} | {r['peak_mem_gib']} |"
-        )
+    print("\n".join(table_lines(results)))
     return 0
 
 
