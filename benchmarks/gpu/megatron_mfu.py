@@ -7,7 +7,7 @@ sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on 
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --recompute none --json /tmp/mfu.json
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --profile --json /tmp/mfu.json  # + kernel breakdown
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --ce-fusion --grad-dtype bf16 --json /tmp/mfu.json
-    python3 benchmarks/gpu/megatron_mfu.py --models 4b --recompute full --optimizer-offload 0.5  # 80 GB
+    python3 benchmarks/gpu/megatron_mfu.py --models 4b --grad-dtype bf16 --recompute full --memory-limit-gib 78
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --attention local --recompute selective  # before
 
 One optimizer step = ``--micro-batches`` N forward + backward passes of one sequence each (gradient
@@ -40,16 +40,11 @@ Options beyond the defaults (each recorded in the result):
   distributed optimizer still keeps fp32 main params and fp32 Adam state; at the optimizer step it
   copies each grad shard to fp32 (``shard_model_grad.float()``), a copy that lives until the next
   step's ``zero_grad``: less memory in forward + backward, more at the optimizer step.
-- ``--optimizer-offload F``: megatron-core's HybridDeviceOptimizer (``OptimizerConfig(
-  optimizer_cpu_offload=True, optimizer_offload_fraction=F)``; works without TE: torch's AdamW,
-  fused, on both sides): the Adam state of the first fraction F of the parameters (by numel, in
-  parameter order) lives on the CPU and is updated there (grads copied to pinned host memory, the
-  updated fp32 params copied back). The fp32 main params stay on the GPU (the precision-aware
-  variant that would move them too needs TE: ``OptimizerConfig`` refuses it without). GPU memory
-  for N parameters: 2N bf16 params + 4N grads (2N with bf16 grads) + 4N main params + 8N (1 - F)
-  Adam state; host memory about 16N F plus pinned-buffer rounding. ``--offload-overlap``
-  (``overlap_cpu_optimizer_d2h_h2d``): one CPU optimizer per parameter, copies on side streams
-  overlapping the CPU updates. The optimizer's time stays in ``optimizer_s``.
+- ``--memory-limit-gib G``: cap this process's GPU memory at G GiB
+  (``torch.cuda.set_per_process_memory_fraction``): on a larger GPU, shows whether a configuration
+  fits an 80 GB H100 (78 GiB usable). The 4b's bf16 params, fp32 grads, fp32 main params and Adam
+  state take 72 GB before activations; megatron-core's CPU optimizer offload would relieve that but
+  needs TransformerEngine (0.16.1 without it: "can't optimize a non-leaf Tensor" on an H100).
 - ``--profile``: after the timed steps, one more step under ``torch.profiler`` (CPU + CUDA): the
   top 25 GPU kernels by total device time, device time by category (``profile_summary.py``), and
   the GPU idle fraction = 1 - GPU busy time / step wall time (launch overhead, host-side work).
@@ -61,7 +56,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import gc
 import json
 import os
 import resource
@@ -216,8 +210,7 @@ def run_model(
     *,
     ce_fusion: bool = False,
     grad_dtype: str = "fp32",
-    optimizer_offload: float | None = None,
-    offload_overlap: bool = False,
+    memory_limit_gib: float | None = None,
     profile: bool = False,
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
@@ -235,6 +228,9 @@ def run_model(
     shape = model_shape(MODELS[name])
     par = validate_parallelism(shape, gpus=1)
     init_model_parallel(par, seed=0)
+    if memory_limit_gib is not None:  # allocations past it raise OutOfMemoryError, as on a smaller GPU
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_limit_gib * 2**30 / total))
     torch.cuda.reset_peak_memory_stats()
     model = build_gpt_model(
         shape,
@@ -256,13 +252,6 @@ def run_model(
         grad_reduce_in_fp32=grad_dtype == "fp32", use_distributed_optimizer=True
     )
     model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
-    offload: dict[str, Any] = {}
-    if optimizer_offload is not None:
-        offload = {
-            "optimizer_cpu_offload": True,
-            "optimizer_offload_fraction": optimizer_offload,
-            "overlap_cpu_optimizer_d2h_h2d": offload_overlap,
-        }
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
@@ -271,23 +260,10 @@ def run_model(
             params_dtype=torch.bfloat16,
             clip_grad=1.0,
             use_distributed_optimizer=True,
-            **offload,
         ),
         [model],
         use_gloo_process_groups=False,
     )
-    if offload:
-        # get_megatron_optimizer first builds a HybridDeviceOptimizer over the bf16 model params
-        # (fp32 copies of the GPU-side ones on the GPU, pinned + fp32 copies of the offloaded ones on
-        # the host), which DistributedOptimizer replaces with one over its fp32 main-param shards.
-        # The first is garbage held in a reference cycle (its sub-optimizers' step hooks refer back
-        # to it): collect it before the steps, or its copies count against the GPU. Its pinned host
-        # buffers go back to torch's pinned-memory cache; release that cache too (private API).
-        gc.collect()
-        torch.cuda.empty_cache()
-        host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
-        if callable(host_empty_cache):
-            host_empty_cache()
     config = model.module.config
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
@@ -370,8 +346,7 @@ def run_model(
         "recompute": recompute,
         "ce_fusion": ce_fusion,
         "grad_dtype": grad_dtype,
-        "optimizer_offload": optimizer_offload,
-        "offload_overlap": offload_overlap,
+        "memory_limit_gib": memory_limit_gib,
         "step_s": round(seconds, 4),
         "fwd_bwd_s": round(fwd_bwd, 4),
         "optimizer_s": round(optim, 4),
@@ -385,10 +360,7 @@ def run_model(
         "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "loss_first_last": [round(losses[0], 4), round(losses[-1], 4)],
     }
-    if optimizer_offload is not None:
-        result["cpu_threads"] = torch.get_num_threads()  # the CPU Adam's intra-op threads
-    # What Megatron built under its DistributedOptimizer: AdamW (torch's, without TE / apex) or
-    # HybridDeviceOptimizer (--optimizer-offload).
+    # What Megatron built under its DistributedOptimizer: AdamW (torch's, without TE / apex).
     try:
         result["inner_optimizer"] = type(optimizer.optimizer).__name__
     except Exception as err:  # diagnostics only (ChainedOptimizer.optimizer asserts a single one)
@@ -421,16 +393,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="DDP grad buffer dtype (fp32: grad_reduce_in_fp32); main params and Adam stay fp32",
     )
     parser.add_argument(
-        "--optimizer-offload",
+        "--memory-limit-gib",
         type=float,
         default=None,
-        metavar="FRACTION",
-        help="HybridDeviceOptimizer: Adam state and update of this fraction of the params on the CPU",
-    )
-    parser.add_argument(
-        "--offload-overlap",
-        action="store_true",
-        help="with --optimizer-offload: overlap the host copies with the CPU updates",
+        help="cap this process's GPU memory (e.g. 78: does it fit an 80 GB H100?)",
     )
     parser.add_argument(
         "--profile",
@@ -442,10 +408,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.micro_batches < 1:
         parser.error("--micro-batches must be >= 1")
-    if args.optimizer_offload is not None and not 0.0 <= args.optimizer_offload <= 1.0:
-        parser.error("--optimizer-offload must be a fraction in [0, 1]")
-    if args.offload_overlap and args.optimizer_offload is None:
-        parser.error("--offload-overlap needs --optimizer-offload")
+    if args.memory_limit_gib is not None and args.memory_limit_gib <= 0:
+        parser.error("--memory-limit-gib must be positive")
     return args
 
 
@@ -456,26 +420,24 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--micro-batches", str(args.micro_batches), "--attention", args.attention]
     argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
     argv += ["--grad-dtype", args.grad_dtype]
-    if args.optimizer_offload is not None:
-        argv += ["--optimizer-offload", str(args.optimizer_offload)]
-    for flag in ("ce_fusion", "offload_overlap", "profile"):
+    if args.memory_limit_gib is not None:
+        argv += ["--memory-limit-gib", str(args.memory_limit_gib)]
+    for flag in ("ce_fusion", "profile"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     return argv
 
 
-def offload_text(result: dict[str, Any]) -> str:
-    fraction = result.get("optimizer_offload")
-    if fraction is None:
-        return "off"
-    return f"{fraction:g} to CPU" + (" (overlap)" if result.get("offload_overlap") else "")
+def limit_text(result: dict[str, Any]) -> str:
+    limit = result.get("memory_limit_gib")
+    return "-" if limit is None else f"{limit:g} GiB"
 
 
 def table_lines(results: list[dict[str, Any]]) -> list[str]:
     """The final table, then one line per profiled model."""
     lines = [
         "| model | params | seq x micro-batches | attention (kernel) | recompute | SwiGLU / CE fusion "
-        "| grads | optimizer offload | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
+        "| grads | memory cap | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
         "| peak mem GiB (host RSS) |"
     ]
     for r in results:
@@ -486,7 +448,7 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
             f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {r['swiglu']} / {ce} | "
-            f"{r.get('grad_dtype', 'fp32')} | {offload_text(r)} | {r['step_s']} "
+            f"{r.get('grad_dtype', 'fp32')} | {limit_text(r)} | {r['step_s']} "
             f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
             f"{r['mfu']:.3f} | {r['peak_mem_gib']} ({r.get('peak_host_rss_gib', '?')}) |"
         )
@@ -534,8 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.swiglu,
                     ce_fusion=args.ce_fusion,
                     grad_dtype=args.grad_dtype,
-                    optimizer_offload=args.optimizer_offload,
-                    offload_overlap=args.offload_overlap,
+                    memory_limit_gib=args.memory_limit_gib,
                     profile=args.profile,
                 )
             ]

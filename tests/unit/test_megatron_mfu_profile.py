@@ -246,30 +246,17 @@ def test_script_imports_without_megatron() -> None:
 def test_arguments_defaults_and_new_options() -> None:
     args = bench.parse_args([])
     assert args.models == "1b,4b" and args.micro_batches == 4 and args.swiglu == "fused"
-    assert not args.ce_fusion and args.grad_dtype == "fp32" and args.optimizer_offload is None
-    assert not args.offload_overlap and not args.profile
-    new = bench.parse_args(
-        [
-            "--ce-fusion",
-            "--grad-dtype",
-            "bf16",
-            "--optimizer-offload",
-            "0.5",
-            "--offload-overlap",
-            "--profile",
-        ]
-    )
-    assert new.ce_fusion and new.grad_dtype == "bf16" and new.optimizer_offload == 0.5
-    assert new.offload_overlap and new.profile
+    assert not args.ce_fusion and args.grad_dtype == "fp32" and args.memory_limit_gib is None
+    assert not args.profile
+    new = bench.parse_args(["--ce-fusion", "--grad-dtype", "bf16", "--memory-limit-gib", "78", "--profile"])
+    assert new.ce_fusion and new.grad_dtype == "bf16" and new.memory_limit_gib == 78.0 and new.profile
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         ["--micro-batches", "0"],
-        ["--optimizer-offload", "1.5"],
-        ["--optimizer-offload", "-0.1"],
-        ["--offload-overlap"],  # without --optimizer-offload
+        ["--memory-limit-gib", "0"],
         ["--grad-dtype", "fp16"],
     ],
 )
@@ -283,8 +270,8 @@ def test_arguments_refused(argv: list[str]) -> None:
     [
         [],
         ["--ce-fusion", "--grad-dtype", "bf16", "--profile", "--recompute", "full"],
-        ["--optimizer-offload", "0.25", "--offload-overlap", "--micro-batches", "8", "--swiglu", "unfused"],
-        ["--optimizer-offload", "0", "--attention", "local", "--sdpa-backend", "cudnn", "--seq", "2048"],
+        ["--memory-limit-gib", "78", "--micro-batches", "8", "--swiglu", "unfused"],
+        ["--attention", "local", "--sdpa-backend", "cudnn", "--seq", "2048"],
     ],
 )
 def test_child_processes_get_every_option(argv: list[str]) -> None:
@@ -305,8 +292,7 @@ def _result(**extra: Any) -> dict[str, Any]:
         "recompute": None,
         "ce_fusion": False,
         "grad_dtype": "fp32",
-        "optimizer_offload": None,
-        "offload_overlap": False,
+        "memory_limit_gib": None,
         "step_s": 0.46,
         "fwd_bwd_s": 0.424,
         "optimizer_s": 0.036,
@@ -324,22 +310,21 @@ def test_table_shows_the_new_fields_and_the_profile() -> None:
     results = [
         _result(),
         _result(model="1b-fused", ce_fusion=True, grad_dtype="bf16", profile=summary),
-        _result(model="4b", optimizer_offload=0.5, offload_overlap=True, profile={"error": "X: y"}),
+        _result(model="4b", memory_limit_gib=78.0, profile={"error": "X: y"}),
         {"model": "4b", "error": "out of memory: ..."},
     ]
     lines = bench.table_lines(results)
-    assert "| SwiGLU / CE fusion | grads | optimizer offload |" in lines[0]
-    assert "| fused / off | fp32 | off | 0.46 (0.424 / 0.036) |" in lines[1]
+    assert "| SwiGLU / CE fusion | grads | memory cap |" in lines[0]
+    assert "| fused / off | fp32 | - | 0.46 (0.424 / 0.036) |" in lines[1]
     assert lines[1].endswith("| 0.299 | 31.3 (6.0) |")
-    assert "| fused / native | bf16 | off |" in lines[2]
-    assert "| fused / off | fp32 | 0.5 to CPU (overlap) |" in lines[3]
+    assert "| fused / native | bf16 | - |" in lines[2]
+    assert "| fused / off | fp32 | 78 GiB |" in lines[3]
     assert lines[4] == "| 4b | out of memory: ... |"
     assert lines[5] == f"1b-fused GPU time by category: {ps.category_line(summary)}"
     assert lines[6] == "4b profile failed: X: y"
     assert len(lines) == 7
 
 
-def test_offload_text() -> None:
-    assert bench.offload_text({"optimizer_offload": None}) == "off"
-    assert bench.offload_text({"optimizer_offload": 1.0}) == "1 to CPU"
-    assert bench.offload_text({"optimizer_offload": 0.25, "offload_overlap": True}) == "0.25 to CPU (overlap)"
+def test_limit_text() -> None:
+    assert bench.limit_text({"memory_limit_gib": None}) == "-"
+    assert bench.limit_text({"memory_limit_gib": 78.0}) == "78 GiB"

@@ -270,3 +270,47 @@ def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:
     data = protocol.serialize_named_tensors([("a", torch.ones(2, 2))], flattened_bucket=True)
     assert load_serialized_tensors(engine, data, "flattened_bucket") == 1
     assert torch.equal(params["a"], torch.ones(2, 2)) and not params["b"].any()
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, False),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:true"}, True),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, False),
+        ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),
+        (
+            {
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                "PYTORCH_ALLOC_CONF": "expandable_segments:False",
+            },
+            False,
+        ),
+    ],
+)
+def test_expandable_segments_read_from_the_allocator_config(environ: dict[str, str], expected: bool) -> None:
+    from rljob_runtime.sync.cuda_ipc import expandable_segments_requested
+
+    assert expandable_segments_requested(environ) is expected
+
+
+def test_buckets_are_allocated_with_expandable_segments_off_then_back_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from rljob_runtime.sync import cuda_ipc
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    on = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    with pytest.raises(RuntimeError), cuda_ipc.plain_segments(on):
+        assert calls == ["expandable_segments:False"]
+        raise RuntimeError("a failed flatten still restores the setting")
+    assert calls == ["expandable_segments:False", "expandable_segments:True"]
+    calls.clear()
+    with cuda_ipc.plain_segments({}):  # not asked for: nothing is switched
+        pass
+    assert calls == []

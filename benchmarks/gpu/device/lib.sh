@@ -24,7 +24,7 @@ sync_models() {  # transport, then models
   local t=$1; shift
   for m in "$@"; do
     step sync 200 python3 benchmarks/gpu/weight_sync_path.py --transport $t --models $m --reps 5 \
-      --json $J/sync-$t-$m.json --model-root /dev/shm/rljob-models --log-dir $J/serverlogs
+      --json $J/sync-$t-$m${SYNC_TAG:+-$SYNC_TAG}.json --model-root /dev/shm/rljob-models --log-dir $J/serverlogs
   done
   grep -E "sync [0-9]+ |GB/s|target|FAILED|rc=" $OUT/sync.log | tail -40
 }

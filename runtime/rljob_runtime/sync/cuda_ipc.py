@@ -15,9 +15,11 @@ that only rebuilds CUDA tensors (no arbitrary globals from an HTTP body).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import os
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -65,6 +67,33 @@ def decode_bucket(raw: bytes) -> list[tuple[str, torch.Tensor]]:
     return unflatten_bucket(payload["flattened_tensor"], list(payload["metadata"]))
 
 
+def expandable_segments_requested(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the process's allocator config asks for expandable segments (the last setting wins,
+    as in torch's parser; PYTORCH_ALLOC_CONF is the newer name of PYTORCH_CUDA_ALLOC_CONF)."""
+    found = False
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for item in environ.get(var, "").split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments":
+                found = value.strip().lower() == "true"
+    return found
+
+
+@contextlib.contextmanager
+def plain_segments(environ: Mapping[str, str] = os.environ) -> Iterator[None]:
+    """New allocations inside come from ordinary cudaMalloc segments. Training often runs with
+    ``expandable_segments:True``, and an IPC bucket in an expandable segment made the full-path
+    4B sync 4x slower on an H100 (docs/BENCHMARKS.md). torch can switch the setting at runtime."""
+    switch = expandable_segments_requested(environ) and torch.cuda.is_available()
+    if switch:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    try:
+        yield
+    finally:
+        if switch:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 class IpcProducer:
     """Trainer side: flatten, share, keep alive until ``release``."""
 
@@ -76,7 +105,7 @@ class IpcProducer:
     ) -> list[str]:
         """One payload string per bucket; the buckets stay allocated until ``release``."""
         self.release()
-        with torch.no_grad():
+        with torch.no_grad(), plain_segments():
             buckets = flatten_buckets(named, max_bytes)
         if not all(b.flat.is_cuda for b in buckets):
             raise ValueError("CUDA IPC needs CUDA tensors")
