@@ -52,6 +52,8 @@ def run_layout(model_dir: str, layout: str) -> dict[str, Any]:
     before = trainer.logprobs(batch)
     metrics = trainer.train(batch, adv, before.logp, before.ref_logp)
     after = trainer.logprobs(batch)
+    # whole HF weights on the replica's first rank (tp = pp = 0, so always global rank 0, whose
+    # results are saved), {} on its other ranks
     named = trainer.named_tensors()
     initial = load_file(str(Path(model_dir) / "model.safetensors"))
     group = ps.get_data_parallel_group()
@@ -62,13 +64,17 @@ def run_layout(model_dir: str, layout: str) -> dict[str, Any]:
         "logp_before": _gather_rows(before.logp, rows, full.size, group),
         "ref_equals_policy": bool(torch.equal(before.logp, before.ref_logp)),
         "logp_after": _gather_rows(after.logp, rows, full.size, group),
-        "names_match": sorted(named) == sorted(initial),
-        "max_weight_change": max(float((named[k].float() - initial[k].float()).abs().max()) for k in initial),
-        "changed_tensors": sum(
-            not torch.equal(named[k].float(), initial[k].to(named[k].dtype).float()) for k in initial
-        ),
+        "holds_weights": bool(named),
         "num_tensors": len(initial),
     }
+    if named:
+        result["names_match"] = sorted(named) == sorted(initial)
+        result["max_weight_change"] = max(
+            float((named[k].float() - initial[k].float()).abs().max()) for k in initial
+        )
+        result["changed_tensors"] = sum(
+            not torch.equal(named[k].float(), initial[k].to(named[k].dtype).float()) for k in initial
+        )
     ps.destroy_model_parallel()
     return result
 

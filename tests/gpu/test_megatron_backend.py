@@ -114,6 +114,7 @@ def test_logprobs_move_with_the_advantages(results: list[dict[str, Any]], refere
 
 def test_named_tensors_are_whole_hf_weights_that_moved(results: list[dict[str, Any]]) -> None:
     for r in results:
+        assert r["holds_weights"], r["layout"]  # rank 0 is the first rank of its replica
         assert r["names_match"], r["layout"]
         assert r["max_weight_change"] > 0 and r["changed_tensors"] > 0, r["layout"]
 
