@@ -104,6 +104,9 @@ PHASES = (
     "sender_s",
     "total_s",
 )
+# The hf server's own timing of each /update_weights_from_tensor (its ``timings_ms``), summed over the
+# buckets of a sync: inside ``transfer``, and what the rest of ``transfer`` is not (HTTP, JSON).
+SERVER_PHASES = ("queue_ms", "decode_ms", "copy_ms", "sync_ms", "release_ms")
 GROUP_NAME = "rljob_bench_weight_sync"
 LOCALHOST = "127.0.0.1"
 DIR_SEED = 10_000  # the engine's initial weights: never equal to a synced version
@@ -504,18 +507,28 @@ class HttpBuckets(Transport):
         self.buckets = len(payloads)
         clock.mark("share_s")
         self.pause_and_flush(clock)
+        server = dict.fromkeys(SERVER_PHASES, 0.0)
         try:
             for i, payload in enumerate(payloads):
                 last = i == len(payloads) - 1
                 body = protocol.update_weights_from_tensor_body(
                     [payload], load_format="flattened_bucket", weight_version=version if last else None
                 )
-                self.server.expect("POST", "/update_weights_from_tensor", body)
+                answer = self.server.expect("POST", "/update_weights_from_tensor", body)
+                for phase, ms in (answer.get("timings_ms") or {}).items():
+                    if phase in server:
+                        server[phase] += float(ms)
             clock.mark("transfer_s")
         finally:  # as the manager: the engine never stays paused
             self.resume(clock)
         self.finish(clock)
-        return clock.result(), hf
+        return {**clock.result(), **server_timings(server)}, hf
+
+
+def server_timings(summed_ms: dict[str, float]) -> Timings:
+    """The hf server's phases as ``srv_<phase>_s`` timings (not in ``PHASES``: they lie inside
+    ``transfer_s`` and must not be added to the consecutive phases)."""
+    return {f"srv_{phase.removesuffix('_ms')}_s": ms / 1e3 for phase, ms in summed_ms.items()}
 
 
 class IpcTransport(HttpBuckets):

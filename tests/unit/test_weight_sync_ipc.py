@@ -268,8 +268,11 @@ def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:
     engine.lock = threading.Lock()
     engine.named_weights = lambda: params  # type: ignore[method-assign]
     data = protocol.serialize_named_tensors([("a", torch.ones(2, 2))], flattened_bucket=True)
-    assert load_serialized_tensors(engine, data, "flattened_bucket") == 1
+    timings: dict[str, float] = {}
+    assert load_serialized_tensors(engine, data, "flattened_bucket", timings) == 1
     assert torch.equal(params["a"], torch.ones(2, 2)) and not params["b"].any()
+    assert list(timings) == ["decode_ms", "copy_ms", "sync_ms", "release_ms"]
+    assert all(ms >= 0 for ms in timings.values())
 
 
 @pytest.mark.parametrize(

@@ -176,3 +176,6 @@ def test_the_whole_harness_on_cpu(tmp_path: Path, transport: str) -> None:
     assert result["buckets"] > 1 and result["bytes"] > 0 and result["gb_per_s"] > 0
     assert {"convert_s", "pause_s", "flush_s", "transfer_s", "continue_s"} <= set(result)
     assert ("init_s" in result) == (transport == "nccl")
+    if transport == "tensors":  # the server's own phases, summed over the buckets, inside transfer
+        server = [result[f"srv_{p}_s"] for p in ("queue", "decode", "copy", "sync", "release")]
+        assert 0 < sum(server) <= result["transfer_s"]

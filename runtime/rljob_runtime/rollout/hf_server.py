@@ -67,17 +67,34 @@ log = logging.getLogger("rljob.hf_server")
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-def load_serialized_tensors(engine: HFEngine, data: str, load_format: str | None) -> int:
+def load_serialized_tensors(
+    engine: HFEngine, data: str, load_format: str | None, timings: dict[str, float] | None = None
+) -> int:
     """Load one ``serialized_named_tensors`` string (one TP rank: it holds the full tensors).
 
     For a CUDA IPC bucket the views point into the trainer's memory: wait for the copies before
-    answering, since the trainer frees the bucket once the request returns."""
+    answering (and before dropping the views, which may unmap it), since the trainer frees the
+    bucket once the request returns. ``timings``, when given, gets the milliseconds of each phase:
+    decode (unpickle, open the IPC handle), copy (queue the copies), sync (wait for them), release."""
+    clock = time.perf_counter()
+
+    def mark(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        if timings is not None:
+            timings[phase] = round((now - clock) * 1e3, 3)
+        clock = now
+
     named = protocol.deserialize_named_tensors(data, load_format)
     on_gpu = any(t.is_cuda for _, t in named)
+    mark("decode_ms")
     count = engine.load_named_tensors(named)
-    del named
+    mark("copy_ms")
     if on_gpu:
         torch.cuda.synchronize()
+    mark("sync_ms")
+    del named
+    mark("release_ms")
     return count
 
 
@@ -390,17 +407,33 @@ class HFServer:
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self.weight_version})
 
-    async def _run_update(self, fn: Any, weight_version: str | None) -> web.Response:
+    async def _run_update(
+        self, fn: Any, weight_version: str | None, timings: dict[str, float] | None = None
+    ) -> web.Response:
+        """``timings``: filled by ``fn``; answered as ``timings_ms`` (ours, not SGLang's), with the
+        time the request waited for the executor, so a benchmark can see where an update went."""
         assert self.loop is not None
+        queued = time.perf_counter()
+
+        def run() -> Any:
+            if timings is not None:
+                timings["queue_ms"] = round((time.perf_counter() - queued) * 1e3, 3)
+            return fn()
+
         try:
-            count = await self.loop.run_in_executor(self.executor, fn)
+            count = await self.loop.run_in_executor(self.executor, run)
         except (ValueError, OSError, KeyError, RuntimeError) as exc:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         if weight_version is not None:
             self.weight_version = str(weight_version)
-        return web.json_response(
-            {"success": True, "message": f"Succeeded to update {count} tensors.", "num_paused_requests": 0}
-        )
+        answer: dict[str, Any] = {
+            "success": True,
+            "message": f"Succeeded to update {count} tensors.",
+            "num_paused_requests": 0,
+        }
+        if timings is not None:
+            answer["timings_ms"] = timings
+        return web.json_response(answer)
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await _json_or_empty(request)
@@ -422,9 +455,11 @@ class HFServer:
             )
         load_format = body.get("load_format")
 
+        timings: dict[str, float] = {}
         return await self._run_update(
-            lambda: load_serialized_tensors(self.engine, serialized[0], load_format),
+            lambda: load_serialized_tensors(self.engine, serialized[0], load_format, timings),
             body.get("weight_version"),
+            timings,
         )
 
     async def weights_checksum(self, request: web.Request) -> web.Response:
