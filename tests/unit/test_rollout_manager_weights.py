@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rljob_runtime.rollout import protocol
-from rljob_runtime.rollout.manager import Engine, RolloutManager, _WeightUpdate
+from rljob_runtime.rollout.manager import Engine, RolloutManager
+from rljob_runtime.rollout.weight_updates import WeightUpdate
 
 
-def bare_manager(provider: Any = None) -> tuple[RolloutManager, list[tuple[str, _WeightUpdate]]]:
+def bare_manager(provider: Any = None) -> tuple[RolloutManager, list[tuple[str, WeightUpdate]]]:
     """A manager with no engines, router or loop; engine transfers are recorded instead of sent."""
     manager = RolloutManager.__new__(RolloutManager)
     manager.weight_version = protocol.DEFAULT_WEIGHT_VERSION
@@ -22,9 +23,9 @@ def bare_manager(provider: Any = None) -> tuple[RolloutManager, list[tuple[str, 
     manager.engines = []
     manager._fatal = None
     manager._closed = False
-    sent: list[tuple[str, _WeightUpdate]] = []
+    sent: list[tuple[str, WeightUpdate]] = []
 
-    async def record(url: str, update: _WeightUpdate) -> None:
+    async def record(url: str, update: WeightUpdate) -> None:
         sent.append((url, update))
 
     manager._update_engine = record  # type: ignore[method-assign]
@@ -48,7 +49,7 @@ def record_requests(manager: RolloutManager) -> list[tuple[str, Any]]:
     return posted
 
 
-async def _update(manager: RolloutManager, update: _WeightUpdate) -> str:
+async def _update(manager: RolloutManager, update: WeightUpdate) -> str:
     manager._weights_lock = asyncio.Lock()
     return await manager._update_all(update)
 
@@ -71,15 +72,15 @@ def test_relaunched_engine_gets_nothing_before_any_update() -> None:
 
 def test_relaunched_engine_replays_the_last_disk_update() -> None:
     manager, sent = bare_manager()
-    asyncio.run(_update(manager, _WeightUpdate("disk", "3", model_path="/ckpt/iter_3")))
+    asyncio.run(_update(manager, WeightUpdate("disk", "3", model_path="/ckpt/iter_3")))
     assert manager.weight_version == "3"
     asyncio.run(manager._push_current_weights("http://new"))
-    assert sent == [("http://new", _WeightUpdate("disk", "3", model_path="/ckpt/iter_3"))]
+    assert sent == [("http://new", WeightUpdate("disk", "3", model_path="/ckpt/iter_3"))]
 
 
 def test_relaunched_engine_replays_remembered_tensors_without_a_provider() -> None:
     manager, sent = bare_manager()
-    update = _WeightUpdate("tensors", "2", serialized=("payload",), load_format="flattened_bucket")
+    update = WeightUpdate("tensors", "2", serialized=("payload",), load_format="flattened_bucket")
     asyncio.run(_update(manager, update))
     asyncio.run(manager._push_current_weights("http://new"))
     assert sent == [("http://new", update)]
@@ -94,8 +95,8 @@ def test_with_a_provider_no_copy_is_kept_and_the_provider_is_asked_again() -> No
         return [("w", torch.full((2,), 5.0))]
 
     manager, sent = bare_manager(provider)
-    asyncio.run(_update(manager, _WeightUpdate("tensors", "4", serialized=("old payload",))))
-    assert manager._last_update == _WeightUpdate("tensors", "4")  # no payload kept
+    asyncio.run(_update(manager, WeightUpdate("tensors", "4", serialized=("old payload",))))
+    assert manager._last_update == WeightUpdate("tensors", "4")  # no payload kept
     asyncio.run(manager._push_current_weights("http://new"))
     assert calls == 1
     ((url, update),) = sent
@@ -110,7 +111,7 @@ def test_update_skips_engines_being_replaced() -> None:
         Engine(0, None, None, "http://a"),
         Engine(1, None, None, "http://b", state="replacing"),
     ]
-    asyncio.run(_update(manager, _WeightUpdate("disk", "1", model_path="/m")))
+    asyncio.run(_update(manager, WeightUpdate("disk", "1", model_path="/m")))
     assert [url for url, _ in sent] == ["http://a"]
     assert [e.state for e in manager.engines] == ["serving", "replacing"]
 

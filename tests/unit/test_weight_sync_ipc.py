@@ -15,7 +15,7 @@ from test_rollout_manager_weights import _update, bare_manager, record_requests
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.rollout import protocol
-from rljob_runtime.rollout.manager import _WeightUpdate
+from rljob_runtime.rollout.weight_updates import WeightUpdate
 from rljob_runtime.sync import WeightSync, check_supported, choose_transport
 from rljob_runtime.sync.buckets import flatten_bucket, flatten_buckets, plan_buckets, unflatten_bucket
 from rljob_runtime.sync.cuda_ipc import IpcProducer, decode_bucket, encode_bucket, is_ipc_payload
@@ -230,7 +230,7 @@ def test_a_backend_without_ipc_export_falls_back_to_the_shm_file() -> None:
 def test_manager_sends_one_request_per_bucket_and_the_version_with_the_last() -> None:
     manager, _ = bare_manager()
     posted = record_requests(manager)
-    update = _WeightUpdate("ipc", "7", serialized=("b0", "b1"), load_format="flattened_bucket")
+    update = WeightUpdate("ipc", "7", serialized=("b0", "b1"), load_format="flattened_bucket")
     from rljob_runtime.rollout.manager import RolloutManager
 
     asyncio.run(RolloutManager._update_engine(manager, "http://e", update))
@@ -251,10 +251,10 @@ def test_manager_sends_one_request_per_bucket_and_the_version_with_the_last() ->
 def test_manager_keeps_no_ipc_handles_for_relaunched_engines() -> None:
     manager, _ = bare_manager(provider=lambda: [("w", torch.ones(1))])
     asyncio.run(
-        _update(manager, _WeightUpdate("ipc", "3", serialized=("b0",), load_format="flattened_bucket"))
+        _update(manager, WeightUpdate("ipc", "3", serialized=("b0",), load_format="flattened_bucket"))
     )
     assert manager.weight_version == "3"
-    assert manager._last_update == _WeightUpdate("tensors", "3")
+    assert manager._last_update == WeightUpdate("tensors", "3")
 
 
 def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:

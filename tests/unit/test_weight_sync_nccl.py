@@ -13,7 +13,8 @@ import torch
 from test_rollout_manager_weights import bare_manager, record_requests
 from test_weight_sync_ipc import _spec
 
-from rljob_runtime.rollout.manager import RolloutManager, _WeightUpdate
+from rljob_runtime.rollout.manager import RolloutManager
+from rljob_runtime.rollout.weight_updates import WeightUpdate
 from rljob_runtime.sync import WeightSync
 from rljob_runtime.sync.nccl import (
     BucketSpec,
@@ -209,7 +210,7 @@ def test_manager_sends_one_distributed_request_per_bucket_then_continues() -> No
     manager, _ = bare_manager()
     posted = record_requests(manager)
     bodies = tuple(BucketSpec((n,), ("float32",), ((2,),)).body("g") for n in ("a", "b"))
-    update = _WeightUpdate("distributed", "9", buckets=bodies)
+    update = WeightUpdate("distributed", "9", buckets=bodies)
     asyncio.run(RolloutManager._update_engine(manager, "http://e", update))
     assert [p for p, _ in posted] == [
         "/pause_generation",

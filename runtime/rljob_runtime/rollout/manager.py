@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -33,30 +33,15 @@ from ..data.sample import Sample
 from . import protocol
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options
+from .errors import EngineGone, EngineRestartsExhausted, RolloutError, WeightUpdateError
 from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
 from .router import Router
+from .weight_updates import NamedTensors, WeightUpdate, WeightUpdates
 
 log = logging.getLogger("rljob.rollout.manager")
 
 T = TypeVar("T")
-NamedTensors = Iterable[tuple[str, Any]] | Mapping[str, Any]  # HF name -> torch.Tensor
 EngineState = Literal["serving", "updating", "replacing", "failed"]
-
-
-class RolloutError(RuntimeError):
-    """The rollout side cannot go on."""
-
-
-class EngineRestartsExhausted(RolloutError):
-    """More engines died than faultTolerance.maxEngineRestarts allows."""
-
-
-class WeightUpdateError(RolloutError):
-    """An engine refused a weight update (not a dead engine: that one is replaced)."""
-
-
-class _EngineGone(Exception):
-    """An engine did not answer (connection refused, timeout, 5xx): treat it as dead."""
 
 
 @dataclass(frozen=True)
@@ -84,20 +69,9 @@ class Engine:
     health_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
-@dataclass(frozen=True)
-class _WeightUpdate:
-    """The latest update, replayed onto a relaunched engine."""
-
-    kind: Literal["disk", "tensors", "ipc", "distributed"]
-    version: str
-    model_path: str | None = None
-    serialized: tuple[str, ...] = ()
-    load_format: str | None = None
-    buckets: tuple[dict[str, Any], ...] = ()  # distributed: one /update_weights_from_distributed body each
-
-
-class RolloutManager:
-    """Engines + router + health checks; see the module docstring."""
+class RolloutManager(WeightUpdates):
+    """Engines + router + health checks (+ the weight updates of ``WeightUpdates``); see the module
+    docstring."""
 
     def __init__(
         self,
@@ -124,7 +98,7 @@ class RolloutManager:
         self.max_restarts = int(spec.fault_tolerance.max_engine_restarts)
         self.restarts = 0
         self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
-        self._last_update: _WeightUpdate | None = None
+        self._last_update: WeightUpdate | None = None
         # bumped whenever an engine is relaunched: a weight-update group joined before is stale then
         self.membership_epoch = 0
         self._fatal: BaseException | None = None
@@ -279,10 +253,10 @@ class RolloutManager:
                 except ValueError:
                     payload = text
                 if resp.status >= 500:
-                    raise _EngineGone(f"{method} {url}{path}: HTTP {resp.status} {text[:300]}")
+                    raise EngineGone(f"{method} {url}{path}: HTTP {resp.status} {text[:300]}")
                 return resp.status, payload
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _EngineGone(f"{method} {url}{path}: {type(exc).__name__}: {exc}") from exc
+            raise EngineGone(f"{method} {url}{path}: {type(exc).__name__}: {exc}") from exc
 
     # ---- generation -----------------------------------------------------------------------------
 
@@ -395,7 +369,7 @@ class RolloutManager:
             status, answer = await self._engine_request(
                 engine.url, "GET", "/health_generate", timeout=self.health.timeout_s
             )
-        except _EngineGone as exc:
+        except EngineGone as exc:
             return str(exc)
         return None if status == 200 else f"/health_generate answered {status}: {answer}"
 
@@ -434,7 +408,7 @@ class RolloutManager:
                         engine.last_replacement_s = time.monotonic() - began
                         self.membership_epoch += 1
                     break
-                except (EngineStartError, _EngineGone, WeightUpdateError) as exc:
+                except (EngineStartError, EngineGone, WeightUpdateError) as exc:
                     reason = f"relaunch failed: {str(exc)[-2000:]}"
                     log.error("engine %d: %s", engine.index, reason)
             log.warning(
@@ -475,221 +449,6 @@ class RolloutManager:
 
     def _live(self) -> list[Engine]:
         return [e for e in self.engines if e.state in ("serving", "updating")]
-
-    # ---- weights ----------------------------------------------------------------------------------
-
-    def _next_version(self, version: int | str | None) -> str:
-        if version is not None:
-            return str(version)
-        current = self.weight_version
-        return str(int(current) + 1) if current.isdigit() else "1"
-
-    def update_weights_from_disk(self, model_path: str | Path, version: int | str | None = None) -> str:
-        """Load an HF directory into every engine; returns the new weight version."""
-        self._raise_if_failed()
-        update = _WeightUpdate("disk", self._next_version(version), model_path=str(model_path))
-        return self._call(self._update_all(update))
-
-    def update_weights_from_tensors(
-        self, named_tensors: NamedTensors, version: int | str | None = None, *, flattened_bucket: bool = False
-    ) -> str:
-        """Push named tensors (HF names) to every engine in our CPU wire format; the new version.
-
-        The serialized payload is remembered for relaunched engines unless a ``weights_provider``
-        was given (then it is asked again, so no copy of the weights is kept here).
-        """
-        self._raise_if_failed()
-        data = protocol.serialize_named_tensors(named_tensors, flattened_bucket=flattened_bucket)
-        update = _WeightUpdate(
-            "tensors",
-            self._next_version(version),
-            serialized=(data,),
-            load_format="flattened_bucket" if flattened_bucket else None,
-        )
-        return self._call(self._update_all(update))
-
-    def update_weights_from_ipc(self, payloads: Sequence[str], version: int | str | None = None) -> str:
-        """Push CUDA IPC buckets (``sync/cuda_ipc.py``, one request per bucket) to every engine; the
-        new version. The handles die with the trainer's buckets, so nothing is kept for relaunched
-        engines: they are brought up to date through ``weights_provider`` (CPU format)."""
-        self._raise_if_failed()
-        update = _WeightUpdate(
-            "ipc", self._next_version(version), serialized=tuple(payloads), load_format="flattened_bucket"
-        )
-        return self._call(self._update_all(update))
-
-    # ---- disaggregated sync: the engines join the trainer's NCCL group (sync/nccl.py) ----------
-
-    def weight_group_world_size(self) -> int:
-        """The trainer's rank 0 plus one rank per TP rank of every serving engine."""
-        return 1 + sum(int(self._actor_kwargs(e.index)["tp_size"]) for e in self._live())
-
-    def join_weights_update_group(
-        self, address: str, port: int, world_size: int, group_name: str, backend: str = "nccl"
-    ) -> int:
-        """Ask every serving engine to join the group hosted at ``address:port`` (they block until the
-        trainer's rank 0 joins too, so call this while it does); returns ``membership_epoch``."""
-        self._raise_if_failed()
-        return self._call(self._join_group(address, port, world_size, group_name, backend))
-
-    async def _join_group(
-        self, address: str, port: int, world_size: int, group_name: str, backend: str
-    ) -> int:
-        epoch = self.membership_epoch
-        engines, offset, bodies = self._live(), 1, []
-        for engine in engines:
-            bodies.append(
-                protocol.init_weights_update_group_body(
-                    master_address=address,
-                    master_port=port,
-                    rank_offset=offset,
-                    world_size=world_size,
-                    group_name=group_name,
-                    backend=backend,
-                )
-            )
-            offset += int(self._actor_kwargs(engine.index)["tp_size"])
-        if offset != world_size:
-            raise WeightUpdateError(f"the group has {world_size} ranks but the engines need {offset}")
-        results = await asyncio.gather(
-            *(
-                self._expect(e.url, "POST", "/init_weights_update_group", b)
-                for e, b in zip(engines, bodies, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        errors = [
-            f"engine {e.index}: {r}"
-            for e, r in zip(engines, results, strict=True)
-            if isinstance(r, BaseException)
-        ]
-        if errors:
-            raise WeightUpdateError(f"joining weight-update group {group_name!r} failed: {'; '.join(errors)}")
-        return epoch
-
-    def leave_weights_update_group(self, group_name: str) -> None:
-        """Best effort (engines that died with the group are gone anyway)."""
-
-        async def leave(engine: Engine) -> None:
-            with contextlib.suppress(_EngineGone, WeightUpdateError):
-                await self._expect(
-                    engine.url,
-                    "POST",
-                    "/destroy_weights_update_group",
-                    protocol.destroy_weights_update_group_body(group_name),
-                )
-
-        async def leave_all() -> None:
-            await asyncio.gather(*(leave(e) for e in self._live()))
-
-        self._call(leave_all())
-
-    def update_weights_from_distributed(
-        self, buckets: Sequence[dict[str, Any]], version: int | str | None = None
-    ) -> str:
-        """Tell every engine to receive ``buckets`` (``/update_weights_from_distributed`` bodies, in
-        the order the trainer broadcasts them, which it does meanwhile); the new version. Like IPC,
-        nothing is kept for relaunched engines: ``weights_provider`` brings them up to date."""
-        self._raise_if_failed()
-        update = _WeightUpdate("distributed", self._next_version(version), buckets=tuple(buckets))
-        return self._call(self._update_all(update))
-
-    async def _update_all(self, update: _WeightUpdate) -> str:
-        async with self._weights_lock:
-            self.weight_version = update.version
-            keep = update if update.kind == "disk" or self.weights_provider is None else None
-            if update.kind in ("ipc", "distributed"):
-                keep = None  # handles die with the trainer's buckets; a broadcast cannot be replayed
-            self._last_update = keep or _WeightUpdate("tensors", update.version)
-            engines = [e for e in self.engines if e.state == "serving"]
-            for engine in engines:
-                engine.state = "updating"
-            results = await asyncio.gather(
-                *(self._update_engine(e.url, update) for e in engines), return_exceptions=True
-            )
-            errors = []
-            for engine, result in zip(engines, results, strict=True):
-                if isinstance(result, _EngineGone):
-                    # dead mid-update: its replacement (after we release the lock) gets this version
-                    self._start_replacement(engine, f"weight update failed: {result}")
-                elif isinstance(result, BaseException):
-                    engine.state = "serving"
-                    errors.append(f"engine {engine.index}: {result}")
-                else:
-                    engine.state = "serving"
-            if errors:
-                raise WeightUpdateError(
-                    f"weight update to version {update.version} failed: {'; '.join(errors)}"
-                )
-        self._raise_if_failed()
-        return update.version
-
-    async def _update_engine(self, url: str, update: _WeightUpdate) -> None:
-        """pause_generation, flush_cache (until 200), transfer, continue_generation."""
-        await self._expect(url, "POST", "/pause_generation", protocol.pause_body())
-        try:
-            for _ in range(120):
-                status, _answer = await self._engine_request(url, "GET", "/flush_cache", timeout=30)
-                if status == 200:
-                    break
-                await asyncio.sleep(0.5)
-            else:
-                raise WeightUpdateError(f"{url}/flush_cache still refused after 60 s")
-            if update.kind == "disk":
-                assert update.model_path is not None
-                body = protocol.update_weights_from_disk_body(
-                    update.model_path, weight_version=update.version
-                )
-                await self._expect(url, "POST", "/update_weights_from_disk", body)
-            elif update.kind == "ipc":
-                # one bucket per request (one TP rank each); the version moves with the last one
-                for i, payload in enumerate(update.serialized):
-                    last = i == len(update.serialized) - 1
-                    body = protocol.update_weights_from_tensor_body(
-                        [payload],
-                        load_format=update.load_format,
-                        weight_version=update.version if last else None,
-                    )
-                    await self._expect(url, "POST", "/update_weights_from_tensor", body)
-            elif update.kind == "distributed":
-                # each request returns once its bucket arrived from the trainer's broadcast and loaded
-                for i, bucket in enumerate(update.buckets):
-                    last = i == len(update.buckets) - 1
-                    body = {k: v for k, v in bucket.items() if k != "weight_version"}
-                    if last:
-                        body["weight_version"] = update.version
-                    await self._expect(url, "POST", "/update_weights_from_distributed", body)
-            else:
-                body = protocol.update_weights_from_tensor_body(
-                    list(update.serialized), load_format=update.load_format, weight_version=update.version
-                )
-                await self._expect(url, "POST", "/update_weights_from_tensor", body)
-        finally:
-            await self._expect(url, "POST", "/continue_generation", {})
-
-    async def _expect(self, url: str, method: str, path: str, body: Any) -> Any:
-        status, answer = await self._engine_request(url, method, path, body)
-        if status != 200 or (isinstance(answer, dict) and answer.get("success") is False):
-            raise WeightUpdateError(f"{method} {url}{path}: HTTP {status} {answer}")
-        return answer
-
-    def _provided_weights(self) -> list[tuple[str, Any]]:
-        """``weights_provider``'s tensors as pairs (it may return a mapping, as the trainer does)."""
-        assert self.weights_provider is not None
-        named = self.weights_provider()
-        return list(named.items() if isinstance(named, Mapping) else named)
-
-    async def _push_current_weights(self, url: str) -> None:
-        """Bring a relaunched engine (not yet registered) to the current weight version."""
-        update = self._last_update
-        if update is None:
-            return  # never updated: the relaunched engine loaded the initial weights
-        if update.kind == "tensors" and not update.serialized:
-            assert self.weights_provider is not None
-            named = await asyncio.to_thread(self._provided_weights)
-            data = await asyncio.to_thread(protocol.serialize_named_tensors, named)
-            update = _WeightUpdate("tensors", update.version, serialized=(data,))
-        await self._update_engine(url, update)
 
     # ---- colocated memory ------------------------------------------------------------------------
 
