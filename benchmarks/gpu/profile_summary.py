@@ -60,8 +60,10 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         # cublasLt::splitKreduce_kernel, gemv2T_kernel.
         ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "gemv", "matmul")),
         # Memcpy HtoD/DtoH/DtoD, Memset, .to() / .float() (direct_copy_kernel), torch.cat
-        # (CatArrayBatchedCopy), zero_() / fill_() (FillFunctor); "cast" but not "broadcast".
-        ("copy/cast", ("memcpy", "memset", "copy", "(?<!broad)cast", "fillfunctor")),
+        # (CatArrayBatchedCopy), zero_() / fill_() (FillFunctor); "cast" but not "broadcast", nor
+        # ATen's template arguments "gpu_kernel_impl_nocast" and "LoadWithCast" / "StoreWithCast"
+        # (any elementwise op, e.g. the fp32 main_grad += bf16 grad: an H100 profile filed them here).
+        ("copy/cast", ("memcpy", "memset", "copy", "(?<!broad)(?<!no)(?<!with)cast", "fillfunctor")),
         # Embedding lookup (indexSelectLargeIndex) and its backward (sort + segment sums), advanced
         # indexing (the cross-entropy's logits[arange, target]) and index_put in backward.
         (

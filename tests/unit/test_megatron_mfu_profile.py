@@ -113,6 +113,16 @@ def test_broadcast_is_not_a_cast() -> None:
     assert ps.kernel_category("cast_transpose_kernel") == "copy/cast"
 
 
+def test_aten_template_arguments_are_not_casts() -> None:
+    # seen on an H100: generic and mixed-dtype elementwise ops, not copies
+    nocast = "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float>>>>"
+    mixed = "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3>, TrivialOffsetCalculator<2, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<2>, at::native::memory::StoreWithCast<1>>"
+    assert ps.kernel_category(nocast) == "elementwise/norm/rope"
+    assert ps.kernel_category(mixed) == "elementwise/norm/rope"
+    bf16 = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}>"
+    assert ps.kernel_category(bf16) == "copy/cast"
+
+
 def _event(name: str, start: float, end: float, device: Any = "CUDA", **extra: Any) -> SimpleNamespace:
     return SimpleNamespace(
         name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end), **extra
