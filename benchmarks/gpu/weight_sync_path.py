@@ -15,7 +15,8 @@ _update_engine``), phase by phase (seconds; the producer's GPU synchronized at e
 except in the nccl driver):
 
 - ``convert``: ``megatron_to_hf`` on the GPU (``--no-convert``: the producer holds HF tensors).
-- ipc: ``share`` (``IpcProducer.share``: flatten into --bucket-mb buckets + IPC handles), ``pause``
+- ipc: ``share`` (``IpcProducer.share``: flatten into --bucket-mb buckets, default the runtime's
+  2 GiB (``cuda_ipc.IPC_BUCKET_BYTES``), + IPC handles), ``pause``
   (POST /pause_generation), ``flush`` (GET /flush_cache until 200), ``transfer`` (one POST
   /update_weights_from_tensor per bucket; the engine opens the handle, copies into its parameters
   and synchronizes before answering), ``continue`` (POST /continue_generation), ``release``
@@ -23,8 +24,9 @@ except in the nccl driver):
 - nccl (as ``WeightSync._push_broadcast``): the trainer's side starts at once in a worker thread,
   ``convert`` then ``sender`` (``NcclSender.send``: pack + broadcast every bucket, two in flight),
   while this thread drives the engine: ``pause``, ``flush``, ``transfer`` (one POST
-  /update_weights_from_distributed per bucket, each answered once the engine received and loaded
-  it), ``continue``; so convert and sender overlap the driver's phases. Producer on cuda:0, engine
+  /update_weights_from_distributed per 1 GiB bucket, each answered once the engine queued its
+  receive and copies, the last once all of them are done), ``continue``; so convert and sender
+  overlap the driver's phases, and one bucket's broadcast the next one's request. Producer on cuda:0, engine
   on cuda:1. The group is made once per model (``init_s``: POST /init_weights_update_group while
   this process hosts the store as rank 0); NCCL creates its communicator at the first broadcast,
   so the warm-up sync (``warmup_total_s``) carries that. ``pack_alone_s``: packing every bucket
@@ -128,7 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="0.5b,1.5b,4b", help=f"comma-separated, of {sorted(MODELS)}")
     parser.add_argument("--tiny", action="store_true", help="the 'tiny' shape only (quick check)")
     parser.add_argument("--reps", type=int, default=5, help="timed syncs per model, after one warm-up")
-    parser.add_argument("--bucket-mb", type=float, default=1024)
+    parser.add_argument(
+        "--bucket-mb", type=float, default=None, help="default: the runtime's (ipc 2048, nccl 1024)"
+    )
     parser.add_argument("--no-convert", action="store_true", help="the producer holds HF tensors: no convert")
     parser.add_argument("--floor-gbps", type=float, help="reference bandwidth (default: per transport)")
     parser.add_argument(
@@ -156,6 +160,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.floor_gbps = FLOOR_GBPS[args.transport]
     if args.target_gbps is None:
         args.target_gbps = TARGET_GBPS.get(args.transport)
+    if args.bucket_mb is None:  # what WeightSync uses for this transport
+        from rljob_runtime.sync.buckets import DEFAULT_BUCKET_BYTES
+        from rljob_runtime.sync.cuda_ipc import IPC_BUCKET_BYTES
+
+        args.bucket_mb = (IPC_BUCKET_BYTES if args.transport == "ipc" else DEFAULT_BUCKET_BYTES) / 2**20
     args.bucket_bytes = int(args.bucket_mb * 2**20)
     return args
 

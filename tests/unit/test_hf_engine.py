@@ -92,3 +92,20 @@ def test_logprobs_are_under_the_sampling_temperature(engine: HFEngine) -> None:
         scale = temperature if temperature > 0 else 1.0
         forced = torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(req.output_ids)[:, None])[:, 0]
         assert req.output_logprobs == pytest.approx(forced.tolist(), abs=2e-4), temperature
+
+
+def test_loads_go_into_the_served_tensors_and_refuse_bad_names(engine: HFEngine) -> None:
+    weights = engine.named_weights()
+    assert engine.named_weights() is weights  # built once: state_dict per bucket cost ~1 ms each
+    name = "model.norm.weight"
+    before = weights[name].clone()
+    new = torch.full_like(before, 0.5, dtype=torch.float64)  # a cast on the way in
+    try:
+        assert engine.load_named_tensors([(name, new)]) == 1
+        assert torch.equal(engine.model.state_dict()[name], new.to(before.dtype))
+        with pytest.raises(ValueError, match="unknown parameter 'nope'"):
+            engine.load_named_tensors([("nope", new)])
+        with pytest.raises(ValueError, match="shape"):
+            engine.load_named_tensors([(name, new[:-1])])
+    finally:
+        engine.load_named_tensors([(name, before)])

@@ -204,7 +204,7 @@ class FakeRollout:
 
 
 def test_ipc_push_releases_the_buckets_only_after_the_engines_answer() -> None:
-    sync = WeightSync(_spec(), single_node=True, bucket_bytes=123)
+    sync = WeightSync(_spec(), single_node=True, bucket_bytes=7, ipc_bucket_bytes=123)
     trainer, rollout = FakeTrainer(), FakeRollout()
     metrics = sync.push(trainer, rollout, version=5)
     assert rollout.got == [("ipc", ["b0", "b1"], 5)]

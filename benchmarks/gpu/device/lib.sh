@@ -19,11 +19,12 @@ step() {
   tar czf $OUT/results.tgz -C $J . 2>/dev/null
   return 0
 }
-# the weight sync benchmark, one process per model (a stuck model cannot take the others' time)
+# the weight sync benchmark, one process per model (a stuck model cannot take the others' time);
+# SYNC_ARGS: more options (e.g. --bucket-mb 2048), SYNC_TAG: a suffix for the JSON file
 sync_models() {  # transport, then models
   local t=$1; shift
   for m in "$@"; do
-    step sync 200 python3 benchmarks/gpu/weight_sync_path.py --transport $t --models $m --reps 5 \
+    step sync 200 python3 benchmarks/gpu/weight_sync_path.py --transport $t --models $m --reps 5 $SYNC_ARGS \
       --json $J/sync-$t-$m${SYNC_TAG:+-$SYNC_TAG}.json --model-root /dev/shm/rljob-models --log-dir $J/serverlogs
   done
   grep -E "sync [0-9]+ |GB/s|target|FAILED|rc=" $OUT/sync.log | tail -40

@@ -31,7 +31,9 @@ shared/reference/sglang-http.md):
   group_name, backend}`` (+ ``timeout_s``, ours): join the trainer's weight-update group (NCCL on a
   CUDA engine; gloo on CPU, for tests). ``POST /update_weights_from_distributed`` ``{names, dtypes,
   shapes, group_name, load_format, weight_version}``: receive one broadcast (a flattened bucket, or
-  one per tensor without ``load_format``) and load it. ``POST /destroy_weights_update_group``.
+  one per tensor without ``load_format``) and load it; on a GPU it answers once the receive and copies
+  are queued (stream-ordered before any later generation, as SGLang), and the request carrying
+  ``weight_version`` waits for them all. ``POST /destroy_weights_update_group``.
   See ``sync/nccl.py``.
 - ``GET /weights_checksum[?names=a,b]`` (ours): exact per-tensor checksums of the served weights.
 """
@@ -563,14 +565,19 @@ class HFServer:
                 status=400,
             )
 
+        version = body.get("weight_version")
+
         def load() -> int:
             named = receive(group, spec) if load_format else receive_each(group, spec)
             count = self.engine.load_named_tensors(named)
-            if group.device.type == "cuda":
+            # Receive and copies are stream-ordered (generation runs after them on the same stream),
+            # so a bucket is answered once queued and the next one's broadcast can start meanwhile;
+            # the update's last request (the one that moves the version) waits for all of them.
+            if version is not None and group.device.type == "cuda":
                 torch.cuda.synchronize(group.device)
             return count
 
-        return await self._run_update(load, body.get("weight_version"))
+        return await self._run_update(load, version)
 
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
         body = await _json_or_empty(request)

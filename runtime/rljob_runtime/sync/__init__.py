@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .buckets import DEFAULT_BUCKET_BYTES
+from .cuda_ipc import IPC_BUCKET_BYTES
+
 if TYPE_CHECKING:  # lazily: engines import sync.cuda_ipc without the API package
     from rljob_api.spec import RLTrainingJobSpec
 
@@ -66,13 +69,15 @@ class WeightSync:
         spec: RLTrainingJobSpec,
         *,
         single_node: bool,
-        bucket_bytes: int = 1 << 30,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        ipc_bucket_bytes: int = IPC_BUCKET_BYTES,
         transport: Transport | None = None,
         group_backend: str = "nccl",
     ) -> None:
         check_supported(spec, single_node=single_node)
         self.transport: Transport = transport or choose_transport(spec, single_node=single_node)
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = bucket_bytes  # NCCL buckets: two in flight on the trainer's GPU
+        self.ipc_bucket_bytes = ipc_bucket_bytes  # see cuda_ipc.IPC_BUCKET_BYTES
         self.group_backend = group_backend
         self._scratch: Path | None = None
         self._group_name: str | None = None
@@ -110,7 +115,7 @@ class WeightSync:
         }
 
     def _push_ipc(self, trainer: Any, rollout: Any, version: int, started: float) -> dict[str, float]:
-        payloads, size = trainer.share_weights_ipc(self.bucket_bytes)
+        payloads, size = trainer.share_weights_ipc(self.ipc_bucket_bytes)
         shared = time.perf_counter()
         try:
             rollout.update_weights_from_ipc(payloads, version=version)

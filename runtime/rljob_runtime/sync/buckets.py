@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .copy import copy_all
+
 DEFAULT_BUCKET_BYTES = 1 << 30  # 1 GiB: IPC copies reach ~0.65-1 TB/s from here (performance.md)
 
 
@@ -78,10 +80,15 @@ def flatten_bucket(items: list[tuple[str, torch.Tensor]]) -> Bucket:
             }
         )
         start += numel
-    # one allocation, then slice copies: torch.cat would do the same, but this keeps no temporaries
+    # one allocation, then each tensor copied straight into its slice (strided sources too, such as
+    # the q/k/v views of a fused qkv: reshape(-1) would first make a contiguous temporary of them)
     flat = torch.empty(start, dtype=items[0][1].dtype, device=items[0][1].device)
-    for meta, (_, tensor) in zip(metadata, items, strict=True):
-        flat[meta["start_idx"] : meta["end_idx"]].copy_(tensor.detach().reshape(-1))
+    copy_all(
+        [
+            (flat[meta["start_idx"] : meta["end_idx"]].view(tensor.shape), tensor.detach())
+            for meta, (_, tensor) in zip(metadata, items, strict=True)
+        ]
+    )
     return Bucket(flat, metadata)
 
 

@@ -27,9 +27,15 @@ import torch
 import torch.multiprocessing  # registers torch's CUDA tensor reductions for pickling)
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-from .buckets import DEFAULT_BUCKET_BYTES, Bucket, flatten_buckets, unflatten_bucket
+from .buckets import Bucket, flatten_buckets, unflatten_bucket
 
 PICKLE_PREFIX = b"\x80"  # pickle protocol >= 2; torch.save writes a zip ("PK")
+# Larger than the NCCL buckets (DEFAULT_BUCKET_BYTES): all of one sync's IPC buckets are alive at
+# once anyway (shared, copied by the engines, then released together), so a larger bucket costs no
+# memory, and each bucket is one HTTP request plus an IPC handle opened and closed on the engine
+# (about 3 ms together on an H200). A 4B model: 194 GB/s with 1 GiB buckets, 244 GB/s with 2 GiB
+# (docs/BENCHMARKS.md, session 5).
+IPC_BUCKET_BYTES = 2 << 30
 
 
 def encode_bucket(bucket: Bucket) -> str:
@@ -101,7 +107,7 @@ class IpcProducer:
         self._alive: list[Bucket] = []
 
     def share(
-        self, named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
+        self, named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = IPC_BUCKET_BYTES
     ) -> list[str]:
         """One payload string per bucket; the buckets stay allocated until ``release``."""
         self.release()

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .buckets import DEFAULT_BUCKET_BYTES, plan_buckets
+from .copy import copy_all
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,15 @@ def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The tensors' bytes back to back in one new uint8 tensor (the sender's bucket)."""
     total = sum(t.numel() * t.element_size() for t in tensors)
     flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
-    start = 0
+    pairs, start = [], 0
     for t in tensors:
         size = t.numel() * t.element_size()
-        flat[start : start + size].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        if start % t.element_size():
+            raise ValueError(f"byte offset {start} is not aligned for {t.dtype}")
+        # straight into the slice, viewed as the tensor's dtype and shape: no contiguous temporary
+        pairs.append((flat[start : start + size].view(t.dtype).view(t.shape), t.detach()))
         start += size
+    copy_all(pairs)
     return flat
 
 
@@ -175,8 +180,8 @@ class WeightUpdateGroup:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
-        """Blocking: the tensor is sent (src) or filled (others) when this returns (for NCCL, as far as
-        the current stream is concerned; ``receive`` synchronizes before the engine answers)."""
+        """The tensor is sent (src) or filled (others) when this returns: for gloo on the CPU; for NCCL
+        as far as the current stream is concerned (its later work waits for the broadcast)."""
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
         if self.backend == "nccl":
@@ -225,21 +230,22 @@ class NcclSender:
 
 
 def receive(group: WeightUpdateGroup, spec: BucketSpec) -> list[tuple[str, torch.Tensor]]:
-    """Engine side: allocate the bucket, receive it from rank 0, return named views into it."""
+    """Engine side: allocate the bucket, receive it from rank 0, return named views into it.
+
+    Stream-ordered, not host-synchronous (as SGLang's receiver): work queued after this on the
+    current stream (the load's copies, then generation) sees the bytes; the CPU does not wait, so
+    the engine can answer and take the next bucket's request while this one is still arriving."""
     flat = torch.empty(spec.nbytes, dtype=torch.uint8, device=group.device)
     group.broadcast(flat, src=0)
-    if flat.is_cuda:
-        torch.cuda.current_stream(flat.device).synchronize()
     return unpack(flat, spec)
 
 
 def receive_each(group: WeightUpdateGroup, spec: BucketSpec) -> list[tuple[str, torch.Tensor]]:
-    """SGLang's default (no ``load_format``): one broadcast per tensor, in the listed order."""
+    """SGLang's default (no ``load_format``): one broadcast per tensor, in the listed order
+    (stream-ordered, as ``receive``)."""
     out = []
     for name, dtype_name, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
         tensor = torch.empty(shape, dtype=torch_dtype(dtype_name), device=group.device)
         group.broadcast(tensor, src=0)
         out.append((name, tensor))
-    if group.device.type == "cuda":
-        torch.cuda.current_stream(group.device).synchronize()
     return out
