@@ -31,9 +31,12 @@ bench = _load()
 def test_arguments_defaults_and_per_transport_floors() -> None:
     args = bench.parse_args([])
     assert args.transport == "ipc" and args.models == ["0.5b", "1.5b", "4b"] and args.reps == 5
-    assert args.floor_gbps == 1000 and args.target_gbps == 200 and args.bucket_bytes == 1 << 30
+    assert args.floor_gbps == 1000 and args.target_gbps == 200
+    assert args.bucket_bytes == 2 << 30  # the runtime's IPC buckets (cuda_ipc.IPC_BUCKET_BYTES)
     nccl = bench.parse_args(["--transport", "nccl", "--models", "4b, 0.5b", "--floor-gbps", "300"])
     assert nccl.models == ["4b", "0.5b"] and nccl.floor_gbps == 300 and nccl.target_gbps == 150
+    assert nccl.bucket_bytes == 1 << 30
+    assert bench.parse_args(["--bucket-mb", "64"]).bucket_bytes == 64 << 20
     assert bench.parse_args(["--tiny", "--models", "4b"]).models == ["tiny"]
 
 
