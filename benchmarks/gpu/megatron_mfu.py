@@ -9,12 +9,14 @@ sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on 
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --ce-fusion --grad-dtype bf16 --json /tmp/mfu.json
     python3 benchmarks/gpu/megatron_mfu.py --models 4b --grad-dtype bf16 --recompute full --memory-limit-gib 78
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --attention local --recompute selective  # before
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --fusions wgrad,norm,rope --json /tmp/mfu.json
 
 One optimizer step = ``--micro-batches`` N forward + backward passes of one sequence each (gradient
 accumulation through Megatron's forward_backward_func, num_microbatches=N), then the optimizer step
 (grad norm, clip, Adam, bf16 copy). ``--steps`` steps are timed after ``--warmup`` (which also covers
-torch.compile of the fused SwiGLU), with a synchronize around them; CUDA events split each step into
-forward + backward (with zeroing the grad buffers and Megatron's grad finalisation) and the optimizer.
+torch.compile of the fused SwiGLU, RMSNorm and RoPE), with a synchronize around them; CUDA events
+split each step into forward + backward (with zeroing the grad buffers and Megatron's grad
+finalisation) and the optimizer.
 
 MFU = model FLOPs per token x tokens/s / peak, tokens/s counting all N x seq tokens of a step; model
 FLOPs per token = 6 N + 12 L s d_attn (N: parameters doing matmuls, i.e. the layers + the LM head; the
@@ -24,11 +26,19 @@ selective (Megatron's core-attention recompute: needed by the local attention, w
 s x s scores, and nearly useless with SDPA, which keeps O(s) per layer); full (every layer recomputed
 in backward, which the 4b needs on an 80 GB GPU). ``sdpa_backend`` in the results is the kernel SDPA
 picks for the model's attention shapes (``--sdpa-backend`` forces one). ``--swiglu unfused`` turns off
-the one Megatron fusion the model uses (torch.compile'd SwiGLU). Several models run one process each
+megatron-core's own fusion (torch.compile'd SwiGLU, on by default). Several models run one process each
 (fresh memory). Results and what limits them: docs/BENCHMARKS.md (Megatron section).
 
 Options beyond the defaults (each recorded in the result):
 
+- ``--fusions wgrad,norm,rope`` (any of them, comma-separated; default none): the plain-torch fusions
+  of ``trainer/megatron/fusions.py`` on top of ``--swiglu``: "wgrad" accumulates each linear's weight
+  gradient in its GEMM straight into DDP's fp32 main_grad (apex's gradient-accumulation fusion,
+  without apex); "norm" is a torch.compile'd RMSNorm in every norm slot; "rope" a compiled RoPE.
+  Recorded as ``fusions`` (SwiGLU included when fused).
+- ``--no-fused-adam``: torch's AdamW as megatron-core creates it (foreach, with a temporary as large
+  as the parameter shard) instead of the default ``fused=True`` the backend uses
+  (``fusions.use_fused_adam``); recorded as ``fused_adam``.
 - ``--ce-fusion``: the model config's ``cross_entropy_loss_fusion=True``,
   ``cross_entropy_fusion_impl="native"``: ``LanguageModule.compute_language_model_loss`` then calls
   megatron-core's ``fusions/fused_cross_entropy.py`` (the same vocab-parallel cross-entropy, its
@@ -171,6 +181,22 @@ def sdpa_choice(shape: Any, seq: int) -> str:
 
 PROFILE_TOP = 25  # kernels listed by --profile
 GRAD_DTYPES = ("fp32", "bf16")
+# --fusions: trainer/megatron/fusions.py's FUSIONS but "swiglu" (--swiglu), kept here so that parsing
+# the arguments imports no megatron-core.
+EXTRA_FUSIONS = ("wgrad", "norm", "rope")
+
+
+def parse_fusions(text: str) -> tuple[str, ...]:
+    """``--fusions``: comma-separated names from EXTRA_FUSIONS ("" or "none": none), sorted."""
+    names = {n.strip() for n in text.split(",") if n.strip()} - {"none"}
+    if unknown := sorted(names - set(EXTRA_FUSIONS)):
+        raise argparse.ArgumentTypeError(f"unknown fusion(s) {unknown}; choose from {list(EXTRA_FUSIONS)}")
+    return tuple(sorted(names))
+
+
+def model_fusions(swiglu: str, fusions: tuple[str, ...]) -> frozenset[str]:
+    """What build_gpt_model gets: --fusions plus "swiglu" unless --swiglu unfused."""
+    return frozenset(fusions) | ({"swiglu"} if swiglu == "fused" else set())
 
 
 def profile_step(step: Callable[[], float], reference_step_s: float) -> dict[str, Any]:
@@ -212,6 +238,8 @@ def run_model(
     grad_dtype: str = "fp32",
     memory_limit_gib: float | None = None,
     profile: bool = False,
+    fusions: tuple[str, ...] = (),
+    fused_adam: bool = True,
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -221,6 +249,7 @@ def run_model(
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from rljob_runtime.trainer.megatron.fusions import use_fused_adam
     from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel
 
     if grad_dtype not in GRAD_DTYPES:
@@ -238,7 +267,7 @@ def run_model(
         dtype=torch.bfloat16,
         recompute=recompute,  # type: ignore[arg-type]
         attention=attention,  # type: ignore[arg-type]
-        fuse_swiglu=swiglu == "fused",
+        fusions=model_fusions(swiglu, fusions),
     )
     if ce_fusion:
         # TransformerConfig fields (from ModelParallelConfig) that nothing checks at build time:
@@ -264,6 +293,8 @@ def run_model(
         [model],
         use_gloo_process_groups=False,
     )
+    if fused_adam:
+        use_fused_adam(optimizer)
     config = model.module.config
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
@@ -343,6 +374,8 @@ def run_model(
         "attention": attention,
         "sdpa_backend": chosen,
         "swiglu": swiglu,
+        "fusions": sorted(model_fusions(swiglu, fusions)),
+        "fused_adam": fused_adam,
         "recompute": recompute,
         "ce_fusion": ce_fusion,
         "grad_dtype": grad_dtype,
@@ -380,6 +413,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attention", default="sdpa", choices=["sdpa", "local"])
     parser.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
     parser.add_argument("--swiglu", default="fused", choices=["fused", "unfused"])
+    parser.add_argument(
+        "--fusions",
+        type=parse_fusions,
+        default=(),
+        help=f"plain-torch fusions besides SwiGLU, comma-separated from {','.join(EXTRA_FUSIONS)}",
+    )
+    parser.add_argument(
+        "--fused-adam",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch AdamW with fused=True (the backend's choice); --no-fused-adam: foreach",
+    )
     parser.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     parser.add_argument(
         "--ce-fusion",
@@ -419,13 +464,22 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--recompute", args.recompute, "--peak-tflops", str(args.peak_tflops)]
     argv += ["--micro-batches", str(args.micro_batches), "--attention", args.attention]
     argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
-    argv += ["--grad-dtype", args.grad_dtype]
+    argv += ["--grad-dtype", args.grad_dtype, "--fusions", ",".join(args.fusions) or "none"]
+    argv.append("--fused-adam" if args.fused_adam else "--no-fused-adam")
     if args.memory_limit_gib is not None:
         argv += ["--memory-limit-gib", str(args.memory_limit_gib)]
     for flag in ("ce_fusion", "profile"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     return argv
+
+
+def fusions_text(result: dict[str, Any]) -> str:
+    """The table's "fusions / Adam" cell: the fusions besides SwiGLU, and the Adam kernel ("?" for
+    results recorded before these fields)."""
+    extra = [f for f in result.get("fusions", []) if f != "swiglu"]
+    adam = {True: "fused", False: "foreach"}.get(result.get("fused_adam"), "?")
+    return f"{'+'.join(extra) or '-'} / {adam}"
 
 
 def limit_text(result: dict[str, Any]) -> str:
@@ -436,7 +490,8 @@ def limit_text(result: dict[str, Any]) -> str:
 def table_lines(results: list[dict[str, Any]]) -> list[str]:
     """The final table, then one line per profiled model."""
     lines = [
-        "| model | params | seq x micro-batches | attention (kernel) | recompute | SwiGLU / CE fusion "
+        "| model | params | seq x micro-batches | attention (kernel) | recompute | fusions / Adam "
+        "| SwiGLU / CE fusion "
         "| grads | memory cap | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
         "| peak mem GiB (host RSS) |"
     ]
@@ -447,7 +502,8 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
         ce = "native" if r.get("ce_fusion") else "off"
         lines.append(
             f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
-            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {r['swiglu']} / {ce} | "
+            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {fusions_text(r)} | "
+            f"{r['swiglu']} / {ce} | "
             f"{r.get('grad_dtype', 'fp32')} | {limit_text(r)} | {r['step_s']} "
             f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
             f"{r['mfu']:.3f} | {r['peak_mem_gib']} ({r.get('peak_host_rss_gib', '?')}) |"
@@ -498,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
                     grad_dtype=args.grad_dtype,
                     memory_limit_gib=args.memory_limit_gib,
                     profile=args.profile,
+                    fusions=args.fusions,
+                    fused_adam=args.fused_adam,
                 )
             ]
         except torch.OutOfMemoryError as err:

@@ -11,7 +11,9 @@ Modules that need no megatron-core (pure, unit-tested on CPU, importable in CI):
 - ``testing``: configs with real shapes and random HF weights for tests and benchmarks.
 
 Modules that need megatron-core at run time (``pip install 'rljob[megatron]'``, GPU): ``model``
-(TransformerConfig, GPTModel, loading HF weights, exporting HF weights), ``schedule`` (forward /
+(TransformerConfig, GPTModel, loading HF weights, exporting HF weights), ``attention`` (SDPA core
+attention), ``fusions`` (plain-torch stand-ins for TE/apex fusions: wgrad accumulation, compiled
+RMSNorm and RoPE, fused Adam), ``schedule`` (forward /
 backward over micro-batches), ``checkpoint`` (HF export + per-rank optimizer shards) and ``backend``
 (``MegatronTrainerRank``, run by ``trainer.group.TrainerGroup`` as Ray actors, one per GPU).
 """

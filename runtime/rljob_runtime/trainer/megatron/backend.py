@@ -10,6 +10,9 @@ ranks; the loss handed to it is scaled up by both so that the sum survives.
 Rows: every rank of one model replica (its TP x PP group) must get the same rows; data-parallel
 ranks get their ``rank_rows`` share, as with the torch backend (dp = GPUs / (tp * pp * cp)).
 Checkpoints: ``checkpoint.py`` (HF export + per-rank optimizer shards, same layout to resume).
+Adam: torch's AdamW (megatron-core's choice without TE/apex), switched to its fused kernel on GPU
+(``fusions.use_fused_adam``). Model fusions (``fusions.FUSIONS``: compiled SwiGLU, RMSNorm and RoPE,
+gradient-accumulation fusion) are opt-in through the ``fusions`` argument; none by default.
 Not yet: the ppo critic, dynamic batching, context parallelism (``checks.py`` refuses them).
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -71,6 +74,7 @@ class MegatronTrainerRank(WeightSource):
         *,
         dist_timeout_s: float = 600.0,
         distributed_optimizer: bool = True,
+        fusions: Iterable[str] = (),
     ) -> None:
         # Everything that can be refused is refused here (driver.prepare did it too), before any
         # process group or GPU memory.
@@ -84,6 +88,12 @@ class MegatronTrainerRank(WeightSource):
         )
         self.step = 0
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
+        # Names from fusions.FUSIONS for the policy and reference models (model.build_gpt_model).
+        self.fusions = frozenset(fusions)
+        if self.fusions:
+            from .fusions import check_fusions  # imports megatron-core: only when asked for
+
+            check_fusions(self.fusions)
         self.model: Any = None
         self.ref_model: Any = None
 
@@ -134,6 +144,7 @@ class MegatronTrainerRank(WeightSource):
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from .fusions import use_fused_adam
         from .model import build_gpt_model, init_model_parallel, load_hf_weights
 
         spec = self.spec
@@ -141,7 +152,9 @@ class MegatronTrainerRank(WeightSource):
         init_model_parallel(self.par, spec.training.seed)
         hf = read_hf_state(self.model_path)
         recompute = "full" if spec.training.recompute_activations else None
-        model = build_gpt_model(self.shape, self.par, dtype=self.dtype, recompute=recompute)
+        model = build_gpt_model(
+            self.shape, self.par, dtype=self.dtype, recompute=recompute, fusions=self.fusions
+        )
         load_hf_weights(model, hf, self.shape, self.par)  # before the optimizer copies its main params
         ddp = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -168,12 +181,17 @@ class MegatronTrainerRank(WeightSource):
             [self.model],
             use_gloo_process_groups=False,  # init_model_parallel creates NCCL groups only
         )
+        if self.device.type == "cuda":
+            # torch's foreach AdamW keeps fp32 temporaries of the whole shard (a 4b's step spikes past
+            # an 80 GB GPU) and is slower; fused is the same update in one kernel per dtype group.
+            use_fused_adam(self.optimizer)
         config = model.config
         config.finalize_model_grads_func = finalize_model_grads  # DP grad all-reduce, tied-embedding sync
         config.grad_scale_func = self.optimizer.scale_loss
         config.no_sync_func = self.model.no_sync
         if needs_reference(spec):
-            ref = build_gpt_model(self.shape, self.par, dtype=self.dtype)
+            # Same fusions but wgrad, which only matters in backward (the reference model has none).
+            ref = build_gpt_model(self.shape, self.par, dtype=self.dtype, fusions=self.fusions - {"wgrad"})
             load_hf_weights(ref, hf, self.shape, self.par)
             self.ref_model = ref.eval().requires_grad_(False)
         self.model.train()

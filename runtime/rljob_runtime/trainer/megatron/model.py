@@ -9,7 +9,7 @@ Call order on every rank: ``validate_parallelism`` (pure, before any GPU work) -
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -20,11 +20,17 @@ from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .arch import ModelShape, model_shape
 from .attention import SdpaAttention
 from .convert import Tensors, hf_to_megatron, megatron_to_hf
+from .fusions import FusedRMSNorm, check_fusions, install_rope_fusion, install_wgrad_fusion
 from .parallel import Parallelism, padded_vocab_size, validate_parallelism
 from .shard import from_stage, gather_tensor, shard_tp, to_stage
 
@@ -59,16 +65,22 @@ def transformer_config(
     dtype: torch.dtype = torch.bfloat16,
     recompute: Recompute = None,
     cpu_init: bool = False,
-    fuse_swiglu: bool = False,
+    fusions: Iterable[str] = (),
 ) -> TransformerConfig:
     """Llama-style decoder settings: RMSNorm, SwiGLU without biases (qkv bias for Qwen2), GQA, qk-norm
     for Qwen3, no dropout (RL fine-tuning; HF configs carry 0).
 
-    Fusions (megatron-core 0.16.1 without apex/TE): ``fuse_swiglu`` turns on the one that runs on plain
-    torch, SwiGLU through ``fusions/fused_bias_swiglu.py`` (torch.compile'd, so meant for GPU: a first
-    compile on CPU takes tens of seconds). The others stay off: they need apex, TE or megatron's own
-    CUDA extensions, or have nothing to fuse here (see the comments at each flag).
+    ``fusions`` (``fusions.FUSIONS``; megatron-core 0.16.1 without apex/TE, all torch.compile'd or
+    plain torch, so meant for GPU: a first compile on CPU takes seconds to tens of seconds): the config
+    carries two of them, "swiglu" (megatron-core's ``fusions/fused_bias_swiglu.py``) and "wgrad"
+    (gradient-accumulation fusion through ``fusions.WGRAD``, installed here in place of apex's
+    extension); "norm" and "rope" are the layer spec's and the RoPE function's (``build_gpt_model``).
+    The other megatron-core fusion flags stay off: they need apex, TE or megatron's own CUDA
+    extensions, or have nothing to fuse here (see the comments at each flag).
     """
+    fusions = check_fusions(fusions)
+    if "wgrad" in fusions:
+        install_wgrad_fusion()  # before any ColumnParallelLinear checks for apex's extension
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -90,19 +102,22 @@ def transformer_config(
         # forward/backward are megatron.core.jit.jit_fuser = torch.compile (torch >= 2.2): one kernel
         # each way, and it saves only the fc1 output for backward (the unfused glu also keeps silu(x)
         # and x_linear + glu_linear_offset: two more [tokens, ffn] tensors per layer).
-        bias_activation_fusion=fuse_swiglu,
+        bias_activation_fusion="swiglu" in fusions,
         # FusedScaleMaskSoftmax imports megatron's scaled_masked_softmax_cuda extension (not shipped
         # in the wheel); moot with SDPA, which has its own softmax.
         masked_softmax_fusion=False,
-        # rope_utils takes the fused kernel from TE only; TransformerConfig refuses it without TE.
+        # rope_utils takes the fused kernel from TE only; TransformerConfig refuses it without TE. The
+        # "rope" fusion compiles the unfused path instead (fusions.install_rope_fusion).
         apply_rope_fusion=False,
         # No linear biases and dropout 0 (F.dropout with p=0 returns its input): only the residual
         # add is left, nothing worth a compiled kernel.
         bias_dropout_fusion=False,
-        # Needs apex's fused_weight_gradient_mlp_cuda; ColumnParallelLinear refuses it without.
-        gradient_accumulation_fusion=False,
-        # Apex's persistent LayerNorm kernel; the local spec's torch norms (WrappedTorchNorm) assert
-        # it off, as they do memory_efficient_layer_norm (left at its default, off).
+        # Apex's fused_weight_gradient_mlp_cuda, or fusions.WGRAD (installed above): each linear's
+        # backward GEMM accumulates its weight grad into DDP's fp32 main_grad. Backward then needs
+        # Megatron DDP (main_grad); tied embeddings stay right through LanguageModule's zero_out_wgrad.
+        gradient_accumulation_fusion="wgrad" in fusions,
+        # Apex's persistent LayerNorm kernel; the local spec's torch norms (WrappedTorchNorm) and
+        # FusedRMSNorm refuse it, as they do memory_efficient_layer_norm (left at its default, off).
         persist_layer_norm=False,
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
@@ -124,18 +139,39 @@ def transformer_config(
     )
 
 
-def layer_spec(shape: ModelShape, attention: Attention = "sdpa") -> ModuleSpec:
+def layer_spec(shape: ModelShape, attention: Attention = "sdpa", fusions: Iterable[str] = ()) -> ModuleSpec:
     """megatron-core's local layer spec (torch norms, Megatron's parallel linears), with SdpaAttention
-    as the core attention for "sdpa"; "local" keeps DotProductAttention."""
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    if attention == "local":
-        return spec
-    if attention != "sdpa":
+    as the core attention for "sdpa" ("local" keeps DotProductAttention) and, with the "norm" fusion,
+    ``FusedRMSNorm`` in every norm slot of the layer (input, pre-MLP, q and k)."""
+    if attention not in ("sdpa", "local"):
         raise ValueError(f"attention must be 'sdpa' or 'local', got {attention!r}")
+    fusions = check_fusions(fusions)
+    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    if attention == "local" and "norm" not in fusions:
+        return spec
     spec = copy.deepcopy(spec)  # a copy: the spec's objects stay as megatron-core built them
     layer: Any = spec.submodules  # TransformerLayerSubmodules (ModuleSpec types it as object)
-    layer.self_attention.submodules.core_attention = SdpaAttention
+    if attention == "sdpa":
+        layer.self_attention.submodules.core_attention = SdpaAttention
+    if "norm" in fusions:
+        attn = layer.self_attention.submodules
+        slots = [(layer, "input_layernorm"), (layer, "pre_mlp_layernorm")]
+        slots += [(attn, "q_layernorm"), (attn, "k_layernorm")]
+        for owner, name in slots:
+            if getattr(owner, name) is WrappedTorchNorm:  # q/k are IdentityOp without qk-norm
+                setattr(owner, name, FusedRMSNorm)
     return spec
+
+
+def decoder_spec(config: TransformerConfig, layer: ModuleSpec, fusions: Iterable[str] = ()) -> Any:
+    """What GPTModel takes as ``transformer_layer_spec``: the layer spec itself (TransformerBlock then
+    adds megatron-core's default final norm, WrappedTorchNorm without TE/apex), or with the "norm"
+    fusion this stage's layers and ``FusedRMSNorm`` as the final norm, which a layer spec cannot name."""
+    if "norm" not in check_fusions(fusions):
+        return layer
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=FusedRMSNorm
+    )
 
 
 def build_gpt_model(
@@ -146,22 +182,24 @@ def build_gpt_model(
     recompute: Recompute = None,
     parallel_output: bool = False,
     attention: Attention = "sdpa",
-    fuse_swiglu: bool = False,
+    fusions: Iterable[str] = (),
 ) -> GPTModel:
     """This rank's GPTModel chunk (its TP slice and PP stage), uninitialised, on the current device.
 
     ``parallel_output``: keep the logits split over TP ranks by vocab; False gathers them.
-    ``attention``: the core attention (``Attention``). ``fuse_swiglu``: see ``transformer_config``;
-    off by default (torch.compile in every trainer rank, recompiling as RL batch lengths change: opt
-    in where it is measured, as the MFU benchmark does).
+    ``attention``: the core attention (``Attention``). ``fusions``: names from ``fusions.FUSIONS``
+    (see ``transformer_config``); none by default (torch.compile in every trainer rank, a first step
+    slower by the compiles: opt in where it is measured, as the MFU benchmark does). "rope" patches
+    megatron-core's RoPE for the whole process (every model built after it too).
     """
+    fusions = check_fusions(fusions)
     cpu = not torch.cuda.is_available()
-    config = transformer_config(
-        shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu, fuse_swiglu=fuse_swiglu
-    )
+    config = transformer_config(shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu, fusions=fusions)
+    if "rope" in fusions:
+        install_rope_fusion()
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(shape, attention),
+        transformer_layer_spec=decoder_spec(config, layer_spec(shape, attention, fusions), fusions),
         vocab_size=padded_vocab_size(shape.vocab_size, par.tp),
         max_sequence_length=shape.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -186,6 +224,7 @@ def setup_model(
     seed: int = 0,
     parallel_output: bool = False,
     attention: Attention = "sdpa",
+    fusions: Iterable[str] = (),
 ) -> tuple[GPTModel, ModelShape, Parallelism]:
     """Validate the layout (pure: a bad one is refused before any process group or GPU memory), then
     create Megatron's process groups and this rank's model chunk. ``gpus`` defaults to the world size."""
@@ -195,7 +234,13 @@ def setup_model(
     par = validate_parallelism(shape, tp=tp, pp=pp, cp=cp, gpus=gpus)
     init_model_parallel(par, seed)
     model = build_gpt_model(
-        shape, par, dtype=dtype, recompute=recompute, parallel_output=parallel_output, attention=attention
+        shape,
+        par,
+        dtype=dtype,
+        recompute=recompute,
+        parallel_output=parallel_output,
+        attention=attention,
+        fusions=fusions,
     )
     return model, shape, par
 
