@@ -24,7 +24,7 @@ step() {
 sync_models() {  # transport, then models
   local t=$1; shift
   for m in "$@"; do
-    step sync 200 python3 benchmarks/gpu/weight_sync_path.py --transport $t --models $m --reps 5 $SYNC_ARGS \
+    step sync ${SYNC_LIMIT:-200} python3 benchmarks/gpu/weight_sync_path.py --transport $t --models $m --reps 5 $SYNC_ARGS \
       --json $J/sync-$t-$m${SYNC_TAG:+-$SYNC_TAG}.json --model-root /dev/shm/rljob-models --log-dir $J/serverlogs
   done
   grep -E "sync [0-9]+ |GB/s|target|FAILED|rc=" $OUT/sync.log | tail -40
