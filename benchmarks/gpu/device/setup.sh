@@ -20,5 +20,6 @@ if [ -f /tmp/smol-a.part ] && [ -f /tmp/smol-b.part ] && [ ! -f $G ]; then
   cat /tmp/smol-a.part /tmp/smol-b.part > $G
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G" | sha256sum -c || return 1
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
+echo "host: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 -c "import torch, transformers, ray, megatron.core as m; print('torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__, 'megatron', m.__version__)"
