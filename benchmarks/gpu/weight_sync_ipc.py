@@ -2,7 +2,7 @@
 
 A producer process (the trainer rank's role) holds random Qwen3-style weights on the GPU; a second
 process (the engine's role) holds its own parameters of the same names and shapes and loads each
-payload through the hf server's own loader (``hf_server.load_serialized_tensors`` ->
+payload through the hf server's own loader (``hf_weights.load_serialized_tensors`` ->
 ``protocol.deserialize_named_tensors`` -> ``HFEngine.load_named_tensors``, then a synchronize). The
 payload strings are exactly what ``/update_weights_from_tensor`` carries; they travel over a pipe
 here instead of HTTP (no Ray, no aiohttp server needed).
@@ -93,7 +93,7 @@ def checksums(named: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
 def engine_main(conn: Any, shapes: Shapes) -> None:
     """The engine's process: its own parameters, loaded through the hf server's loader."""
     from rljob_runtime.rollout.hf_engine import HFEngine
-    from rljob_runtime.rollout.hf_server import load_serialized_tensors
+    from rljob_runtime.rollout.hf_weights import load_serialized_tensors
 
     params = random_tensors(shapes, seed=12345)  # not the producer's values: a missed copy shows
     engine = HFEngine.__new__(HFEngine)  # only the weight loader: no model directory needed

@@ -261,7 +261,7 @@ def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:
     import threading
 
     from rljob_runtime.rollout.hf_engine import HFEngine
-    from rljob_runtime.rollout.hf_server import load_serialized_tensors
+    from rljob_runtime.rollout.hf_weights import load_serialized_tensors
 
     params = {"a": torch.zeros(2, 2), "b": torch.zeros(3, dtype=torch.bfloat16)}
     engine = HFEngine.__new__(HFEngine)  # the weight loader alone: no model directory

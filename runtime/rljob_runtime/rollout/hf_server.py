@@ -63,51 +63,17 @@ from aiohttp import web
 
 from . import protocol
 from .hf_engine import HFEngine, Request, SamplingParams
+from .hf_weights import WeightEndpoints
+from .http_util import bad_request, json_or_empty
 
 log = logging.getLogger("rljob.hf_server")
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-def load_serialized_tensors(
-    engine: HFEngine, data: str, load_format: str | None, timings: dict[str, float] | None = None
-) -> int:
-    """Load one ``serialized_named_tensors`` string (one TP rank: it holds the full tensors).
-
-    For a CUDA IPC bucket the views point into the trainer's memory: wait for the copies before
-    answering (and before dropping the views, which may unmap it), since the trainer frees the
-    bucket once the request returns. ``timings``, when given, gets the milliseconds of each phase:
-    decode (unpickle, open the IPC handle), copy (queue the copies), sync (wait for them), release."""
-    clock = time.perf_counter()
-
-    def mark(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        if timings is not None:
-            timings[phase] = round((now - clock) * 1e3, 3)
-        clock = now
-
-    named = protocol.deserialize_named_tensors(data, load_format)
-    on_gpu = any(t.is_cuda for _, t in named)
-    mark("decode_ms")
-    count = engine.load_named_tensors(named)
-    mark("copy_ms")
-    if on_gpu:
-        torch.cuda.synchronize()
-    mark("sync_ms")
-    del named
-    mark("release_ms")
-    return count
-
-
-def _bad_request(message: str, status: int = 400) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message}, "success": False, "message": message}, status=status
-    )
-
-
-class HFServer:
-    """Request queue, batch scheduler and HTTP handlers around one ``HFEngine``."""
+class HFServer(WeightEndpoints):
+    """Request queue, batch scheduler and HTTP handlers around one ``HFEngine`` (the weight endpoints
+    are ``hf_weights.WeightEndpoints``)."""
 
     def __init__(
         self,
@@ -239,12 +205,12 @@ class HFServer:
         try:
             body = await request.json()
         except ValueError:
-            return _bad_request("body is not JSON")
+            return bad_request("body is not JSON")
         if not isinstance(body, dict):
-            return _bad_request("body must be a JSON object")
+            return bad_request("body must be a JSON object")
         text, input_ids = body.get("text"), body.get("input_ids")
         if (text is None) == (input_ids is None):
-            return _bad_request("give exactly one of text and input_ids")
+            return bad_request("give exactly one of text and input_ids")
         batched = isinstance(text, list) or (
             isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)
         )
@@ -255,20 +221,20 @@ class HFServer:
         else:
             prompts = input_ids if batched else [input_ids]
         if not all(prompts) or not all(isinstance(t, int) for p in prompts for t in p):
-            return _bad_request("input_ids must be non-empty lists of integers")
+            return bad_request("input_ids must be non-empty lists of integers")
         vocab = self.engine.model.get_input_embeddings().weight.shape[0]
         if any(t < 0 or t >= vocab for p in prompts for t in p):
-            return _bad_request(f"input_ids out of range [0, {vocab})")
+            return bad_request(f"input_ids out of range [0, {vocab})")
         sp_raw = body.get("sampling_params") or {}
         sp_list = sp_raw if isinstance(sp_raw, list) else [sp_raw] * len(prompts)
         rid_raw = body.get("rid")
         rids = rid_raw if isinstance(rid_raw, list) else [rid_raw] * len(prompts)
         if len(sp_list) != len(prompts) or len(rids) != len(prompts):
-            return _bad_request("sampling_params / rid lists must match the number of prompts")
+            return bad_request("sampling_params / rid lists must match the number of prompts")
         try:
             params = [SamplingParams.from_json(sp) for sp in sp_list]
         except (TypeError, ValueError) as exc:
-            return _bad_request(f"bad sampling_params: {exc}")
+            return bad_request(f"bad sampling_params: {exc}")
         return_logprob = bool(body.get("return_logprob", False))
         assert self.loop is not None
         reqs = []
@@ -279,7 +245,7 @@ class HFServer:
                 rid = f"{rid}_{index}"
             rid = str(rid)
             if rid in self.futures:
-                return _bad_request(f"duplicate rid {rid!r}")
+                return bad_request(f"duplicate rid {rid!r}")
             req = self._make_request(list(prompt), sp, return_logprob, rid)
             self.futures[rid] = self.loop.create_future()
             reqs.append(req)
@@ -294,7 +260,7 @@ class HFServer:
                 self._abort(req.rid)
             raise
         except Exception as exc:
-            return _bad_request(f"generation failed: {exc}", status=500)
+            return bad_request(f"generation failed: {exc}", status=500)
         results = [self._response(req, len(req.prompt_ids)) for req in done]
         return web.json_response(results if batched else results[0])
 
@@ -359,7 +325,7 @@ class HFServer:
         )
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
+        body = await json_or_empty(request)
         if body.get("abort_all"):
             self._abort(None)
         elif body.get("rid") is not None:
@@ -367,10 +333,10 @@ class HFServer:
         return web.Response(status=200)
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
+        body = await json_or_empty(request)
         mode = body.get("mode") or "abort"
         if mode not in _PAUSE_MODES:
-            return _bad_request(f"mode must be one of {_PAUSE_MODES}")
+            return bad_request(f"mode must be one of {_PAUSE_MODES}")
         self.paused = mode
         if mode == "abort":
             self._abort(None)
@@ -405,188 +371,6 @@ class HFServer:
                 text="Cache not flushed: there are running or waiting requests. Retry after they finish or pause.\n",
             )
         return web.Response(text="Cache flushed.\n")
-
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.weight_version})
-
-    async def _run_update(
-        self, fn: Any, weight_version: str | None, timings: dict[str, float] | None = None
-    ) -> web.Response:
-        """``timings``: filled by ``fn``; answered as ``timings_ms`` (ours, not SGLang's), with the
-        time the request waited for the executor, so a benchmark can see where an update went."""
-        assert self.loop is not None
-        queued = time.perf_counter()
-
-        def run() -> Any:
-            if timings is not None:
-                timings["queue_ms"] = round((time.perf_counter() - queued) * 1e3, 3)
-            return fn()
-
-        try:
-            count = await self.loop.run_in_executor(self.executor, run)
-        except (ValueError, OSError, KeyError, RuntimeError) as exc:
-            return web.json_response({"success": False, "message": str(exc)}, status=400)
-        if weight_version is not None:
-            self.weight_version = str(weight_version)
-        answer: dict[str, Any] = {
-            "success": True,
-            "message": f"Succeeded to update {count} tensors.",
-            "num_paused_requests": 0,
-        }
-        if timings is not None:
-            answer["timings_ms"] = timings
-        return web.json_response(answer)
-
-    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
-        model_path = body.get("model_path")
-        if not model_path:
-            return web.json_response({"success": False, "message": "model_path is required"}, status=400)
-        return await self._run_update(
-            lambda: self.engine.load_from_disk(str(model_path)), body.get("weight_version")
-        )
-
-    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
-        serialized = body.get("serialized_named_tensors")
-        if isinstance(serialized, str):
-            serialized = [serialized]
-        if not serialized or not isinstance(serialized, list):
-            return web.json_response(
-                {"success": False, "message": "serialized_named_tensors is required"}, status=400
-            )
-        load_format = body.get("load_format")
-
-        timings: dict[str, float] = {}
-        return await self._run_update(
-            lambda: load_serialized_tensors(self.engine, serialized[0], load_format, timings),
-            body.get("weight_version"),
-            timings,
-        )
-
-    async def weights_checksum(self, request: web.Request) -> web.Response:
-        """rljob's own endpoint (SGLang has none): exact per-tensor checksums of the served weights
-        (``sync/checksum.py``), so a test or benchmark can show they equal the trainer's after a sync.
-        ``?names=a,b`` limits it to those tensors."""
-        from ..sync.checksum import checksums
-
-        wanted = request.query.get("names")
-        targets = self.engine.named_weights()
-        if wanted:
-            unknown = [n for n in wanted.split(",") if n not in targets]
-            if unknown:
-                return _bad_request(f"unknown parameter(s) {unknown[:5]}", status=404)
-            targets = {n: targets[n] for n in wanted.split(",")}
-        assert self.loop is not None
-        sums = await self.loop.run_in_executor(self.executor, lambda: checksums(targets.items()))
-        return web.json_response(
-            {"weight_version": self.weight_version, "checksums": {k: list(v) for k, v in sums.items()}}
-        )
-
-    async def update_weight_version(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
-        if body.get("new_version") is None:
-            return _bad_request("new_version is required")
-        if body.get("abort_all_requests"):
-            self._abort(None)
-        self.weight_version = str(body["new_version"])
-        return web.json_response({"success": True, "message": "ok"})
-
-    # ---- weight-update groups (disaggregated sync, sync/nccl.py) ---------------------------------
-
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        """Join the trainer's group as rank ``rank_offset`` (this engine is one TP rank). Blocks until
-        every member joined, as SGLang's does; the trainer hosts the store as rank 0."""
-        from ..sync.nccl import WeightUpdateGroup
-
-        body = await _json_or_empty(request)
-        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in body]
-        if missing:
-            return web.json_response({"success": False, "message": f"missing {missing}"}, status=400)
-        name = str(body.get("group_name") or "weight_update_group")
-        backend = str(body.get("backend") or "nccl")
-        if name in self.update_groups:
-            return web.json_response({"success": False, "message": f"group {name!r} exists"}, status=400)
-        if backend == "nccl" and self.engine.device.type != "cuda":
-            return web.json_response(
-                {
-                    "success": False,
-                    "message": f"backend nccl needs a CUDA engine; this one runs on {self.engine.device}",
-                },
-                status=400,
-            )
-
-        def join() -> int:
-            self.update_groups[name] = WeightUpdateGroup(
-                str(body["master_address"]),
-                int(body["master_port"]),
-                int(body["rank_offset"]),
-                int(body["world_size"]),
-                name,
-                backend=backend,
-                device=self.engine.device,
-                timeout_s=float(body.get("timeout_s", 600)),
-            )
-            return 0
-
-        assert self.loop is not None
-        try:
-            await self.loop.run_in_executor(self.executor, join)
-        except (ValueError, RuntimeError) as exc:  # the store or the communicator could not be reached
-            return web.json_response(
-                {"success": False, "message": f"failed to join {name!r}: {exc}"}, status=400
-            )
-        return web.json_response({"success": True, "message": f"joined weight-update group {name!r}"})
-
-    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """Receive one broadcast from rank 0 and load it: a flattened bucket (one message) or, without
-        ``load_format``, one message per tensor (SGLang's default)."""
-        from ..sync.nccl import receive, receive_each, spec_from_body
-
-        body = await _json_or_empty(request)
-        name = str(body.get("group_name") or "weight_update_group")
-        group = self.update_groups.get(name)
-        if group is None:
-            return web.json_response(
-                {
-                    "success": False,
-                    "message": f"group {name!r} not initialised: POST /init_weights_update_group first",
-                },
-                status=400,
-            )
-        try:
-            spec = spec_from_body(body)
-        except (ValueError, TypeError) as exc:
-            return web.json_response({"success": False, "message": str(exc)}, status=400)
-        load_format = body.get("load_format")
-        if load_format not in (None, "flattened_bucket"):
-            return web.json_response(
-                {"success": False, "message": f"load_format {load_format!r}: flattened_bucket or none"},
-                status=400,
-            )
-
-        version = body.get("weight_version")
-
-        def load() -> int:
-            named = receive(group, spec) if load_format else receive_each(group, spec)
-            count = self.engine.load_named_tensors(named)
-            # Receive and copies are stream-ordered (generation runs after them on the same stream),
-            # so a bucket is answered once queued and the next one's broadcast can start meanwhile;
-            # the update's last request (the one that moves the version) waits for all of them.
-            if version is not None and group.device.type == "cuda":
-                torch.cuda.synchronize(group.device)
-            return count
-
-        return await self._run_update(load, version)
-
-    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        body = await _json_or_empty(request)
-        name = str(body.get("group_name") or "weight_update_group")
-        group = self.update_groups.pop(name, None)
-        if group is None:
-            return web.json_response({"success": False, "message": f"no group {name!r}"}, status=400)
-        group.close()
-        return web.json_response({"success": True, "message": f"left weight-update group {name!r}"})
 
     async def memory_noop(self, request: web.Request) -> web.Response:
         return web.json_response({"success": True, "message": "no-op on the hf engine"})
@@ -647,29 +431,12 @@ class HFServer:
         r.add_post("/continue_generation", self.continue_generation)
         r.add_get("/flush_cache", self.flush_cache)
         r.add_post("/flush_cache", self.flush_cache)
-        r.add_get("/get_weight_version", self.get_weight_version)
-        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
-        r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
-        r.add_post("/update_weight_version", self.update_weight_version)
-        r.add_get("/weights_checksum", self.weights_checksum)
-        r.add_post("/init_weights_update_group", self.init_weights_update_group)
-        r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
-        r.add_post("/destroy_weights_update_group", self.destroy_weights_update_group)
+        self.add_weight_routes(r)
         for path in ("/release_memory_occupation", "/resume_memory_occupation"):
             r.add_get(path, self.memory_noop)
             r.add_post(path, self.memory_noop)
         r.add_get("/v1/loads", self.loads)
         return app
-
-
-async def _json_or_empty(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
 
 
 def build_parser() -> argparse.ArgumentParser:
