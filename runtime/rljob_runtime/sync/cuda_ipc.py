@@ -33,7 +33,7 @@ PICKLE_PREFIX = b"\x80"  # pickle protocol >= 2; torch.save writes a zip ("PK")
 # Larger than the NCCL buckets (DEFAULT_BUCKET_BYTES): all of one sync's IPC buckets are alive at
 # once anyway (shared, copied by the engines, then released together), so a larger bucket costs no
 # memory, and each bucket is one HTTP request plus an IPC handle opened and closed on the engine
-# (about 3 ms together on an H200). A 4B model: 194 GB/s with 1 GiB buckets, 244 GB/s with 2 GiB
+# (about 1.5 ms together on an H200). A 4B model: 194 GB/s with 1 GiB buckets, 244 GB/s with 2 GiB
 # (docs/BENCHMARKS.md, session 5).
 IPC_BUCKET_BYTES = 2 << 30
 
