@@ -160,6 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.floor_gbps = FLOOR_GBPS[args.transport]
     if args.target_gbps is None:
         args.target_gbps = TARGET_GBPS.get(args.transport)
+    if args.bucket_mb is not None and args.bucket_mb <= 0:
+        parser.error(f"--bucket-mb must be positive, got {args.bucket_mb}")
     if args.bucket_mb is None:  # what WeightSync uses for this transport
         from rljob_runtime.sync.buckets import DEFAULT_BUCKET_BYTES
         from rljob_runtime.sync.cuda_ipc import IPC_BUCKET_BYTES

@@ -41,7 +41,14 @@ def test_arguments_defaults_and_per_transport_floors() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--models", "7b"], ["--models", ","], ["--reps", "0"], ["--cpu", "--transport", "ipc"]]
+    "argv",
+    [
+        ["--models", "7b"],
+        ["--models", ","],
+        ["--reps", "0"],
+        ["--cpu", "--transport", "ipc"],
+        ["--bucket-mb", "0"],
+    ],
 )
 def test_arguments_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
