@@ -70,8 +70,8 @@ demo: ## the whole product on this machine: control plane, operator, a GRPO job 
 	@$(MAKE) -s --no-print-directory venv
 	@$(DEMO) up $(DEMO_ARGS)
 
-demo-down: venv ## remove what make demo started: its job, the operator, the local control plane
-	@$(DEMO) down
+demo-down: venv ## remove what make demo started: its job, the operator, the control plane (DEMO_ARGS=--purge: its runs too)
+	@$(DEMO) down $(DEMO_ARGS)
 
 demo-env: venv ## export lines for a shell: eval "$$(make -s demo-env)" then kubectl get rljobs -A
 	@$(DEMO) env

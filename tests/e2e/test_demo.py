@@ -101,6 +101,13 @@ def step_column(output: str) -> list[int]:
 
 
 def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
+    from rljob_demo import cli, runs
+
+    # Earlier runs: a new run removes all but the newest one (the default --keep-runs 2).
+    runs_dir = cli.CACHE / "demo" / CLUSTER / "runs"
+    stale = [runs_dir / f"20000101-00000{i}" for i in range(3)]
+    for run in stale:
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     first = Demo("demo", f"DEMO_ARGS=--ttl {TTL} --poll 1")
     second: Demo | None = None
     try:
@@ -146,6 +153,9 @@ def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
         from rljob_demo import curve
 
         run_dir = Path(job["spec"]["checkpoint"]["path"]).parent
+        kept = runs.list_runs(runs_dir)
+        assert len(kept) == 2 and kept[-1] == run_dir and not any(run.exists() for run in stale[:2]), kept
+        assert "earlier run(s)" in out, out
         rewards = [v for _, v in curve.read_scalars(run_dir / "checkpoints" / "tensorboard")["reward/mean"]]
         ok, why = learned(rewards)
         assert ok, why
@@ -155,6 +165,7 @@ def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
         # checkpoints and the Ray job's outcome
         assert (run_dir / "checkpoints" / "iter_0000010" / "complete").exists()
         assert (run_dir / "checkpoints" / "iter_0000010" / "model" / "config.json").exists()
+        assert not (run_dir / "checkpoints" / "iter_0000005").exists()  # maxToKeep: 1
         rayjob = kubectl(state, "get", "rayjob", "grpo-cpu-demo", "-n", NAMESPACE)
         assert rayjob["status"]["jobStatus"] == "SUCCEEDED"
 
@@ -173,8 +184,9 @@ def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
         for demo in (first, second):
             if demo is not None and demo.proc.poll() is None:
                 demo.proc.kill()
-        down = Demo("demo-down")
+        down = Demo("demo-down", "DEMO_ARGS=--purge")
         rc = down.wait(600)
     assert rc == 0, down.output
+    assert runs.list_runs(runs_dir) == [] and "run outputs" in down.output, down.output
     assert devcluster_state() is None, "make demo-down should stop the demo's cluster"
     assert "operator" in down.output and "stopped" in down.output

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob_demo import curve, manifest, prereqs
+from rljob_demo import curve, manifest, prereqs, runs
 from rljob_demo.watch import Snapshot, View, clock
 
 from rljob_api.resource import parse_document
@@ -145,3 +145,67 @@ def test_disk_and_memory() -> None:
     assert "needs 12 GB" in prereqs.check_disk(5, fresh=True)[0]
     assert prereqs.check_disk(5, fresh=False) == []
     assert prereqs.check_memory(None) == [] and prereqs.check_memory(4)[0].startswith("4.0 GB of memory")
+
+
+# ---- run directories and the disk -----------------------------------------------------------------
+
+
+def make_run(runs_dir: Path, name: str, n_bytes: int) -> Path:
+    run = runs_dir / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "weights").write_bytes(b"x" * n_bytes)
+    return run
+
+
+def test_prune_keeps_the_newest_runs_and_counts_what_it_freed(tmp_path: Path) -> None:
+    old, middle, new = (make_run(tmp_path, f"2026112{d}-120000", 100 * d) for d in (1, 2, 3))
+    (tmp_path / "notes").mkdir()  # not a run: never touched
+    assert runs.list_runs(tmp_path) == [old, middle, new]
+    removed, freed = runs.prune(tmp_path, 1)
+    assert removed == [old, middle] and freed == 300
+    assert runs.list_runs(tmp_path) == [new] and (tmp_path / "notes").is_dir()
+    assert runs.prune(tmp_path, 1) == ([], 0)
+    assert runs.prune(tmp_path, 0) == ([new], 300) and runs.list_runs(tmp_path) == []
+    assert runs.list_runs(tmp_path / "missing") == [] and runs.prune(tmp_path / "missing", 0) == ([], 0)
+    with pytest.raises(ValueError, match="keep must be >= 0"):
+        runs.prune(tmp_path, -1)
+
+
+@pytest.mark.parametrize(
+    ("n_bytes", "text"), [(0, "0 B"), (999, "999 B"), (1500, "1.5 kB"), (3_100_000_000, "3.1 GB")]
+)
+def test_human_sizes(n_bytes: int, text: str) -> None:
+    assert runs.human(n_bytes) == text
+
+
+def test_keep_runs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    from rljob_demo import cli
+
+    assert cli.build_parser().parse_args(["up", "--keep-runs", "3"]).keep_runs == 3
+    assert cli.build_parser().parse_args(["down", "--purge"]).purge
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--keep-runs", "0"])
+    assert "must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_demo_keeps_one_checkpoint_per_run() -> None:
+    assert example()["spec"]["checkpoint"]["maxToKeep"] == 1
+
+
+def test_the_local_object_store_holds_the_demo_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer ships the weights through Ray's object store at every sync; an object that does
+    not fit goes to disk, which Ray refuses on a nearly full disk (what failed CI once)."""
+    import math
+
+    from gguf import GGUFReader
+
+    from rljob_runtime.models import smollm2_gguf_path
+
+    monkeypatch.syspath_prepend(str(REPO / "tools" / "devcluster"))
+    import ray_local
+
+    n_params = sum(math.prod(int(d) for d in t.shape) for t in GGUFReader(smollm2_gguf_path()).tensors)
+    assert 130e6 < n_params < 140e6  # SmolLM2-135M
+    fp32_bytes = 4 * n_params
+    assert 1.5 * fp32_bytes <= ray_local.OBJECT_STORE_BYTES
+    assert 0.95 < float(ray_local.LOCAL_FS_CAPACITY_THRESHOLD) < 1

@@ -16,6 +16,15 @@ from common import HERE, LOOPBACK, RAY_DASHBOARD_PORT_IN_CLUSTER, HarnessError, 
 from procs import free_port, free_ports, http_get, http_json, spawn, wait_for
 from state import Ctx, save_state
 
+# The demo trainer hands its weights (SmolLM2-135M in fp32: 538 MB) to the engines through the object
+# store at every sync. An object that does not fit is written to disk instead ("fallback
+# allocation"), and Ray refuses that once the disk is over local_fs_capacity_threshold.
+OBJECT_STORE_BYTES = 1 << 30
+# Ray's threshold (default 0.95) counts utilisation as 1 - free/size: on a 250 GB disk it refuses
+# with 12 GB still free. This Ray shares a developer's (or CI's) disk; refuse only when it is
+# really full.
+LOCAL_FS_CAPACITY_THRESHOLD = "0.99"
+
 
 def venv_bin() -> Path:
     return Path(sys.executable).parent
@@ -37,6 +46,7 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
     # Ray >= 2.5x turns on token authentication for every cluster once ~/.ray/auth_token exists
     # (any local ray.init creates it); KubeRay's dashboard client sends no token, so keep it off here.
     env["RAY_AUTH_MODE"] = "disabled"
+    env["RAY_local_fs_capacity_threshold"] = LOCAL_FS_CAPACITY_THRESHOLD
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(ray),
@@ -61,7 +71,7 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
         "--resources="
         + json.dumps({name: num_cpus for name in ("rljob_gpu", "rljob_trainer", "rljob_rollout")}),
         "--num-gpus=0",
-        "--object-store-memory=268435456",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
         f"--temp-dir={temp}",
         "--disable-usage-stats",
     ]

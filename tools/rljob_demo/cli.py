@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from . import curve, manifest, operator_proc, prereqs
+from . import curve, manifest, operator_proc, prereqs, runs
 from .kube import Kubectl, KubectlError
 from .watch import TERMINAL, Snapshot, View, clock
 
@@ -44,6 +44,7 @@ class Settings:
     ttl_seconds: int | None
     timeout_s: float
     poll_s: float
+    keep_runs: int = runs.KEEP_RUNS
 
     @property
     def state_dir(self) -> Path:
@@ -176,7 +177,14 @@ def apply_job(settings: Settings, kubectl: Kubectl, example: dict[str, Any]) -> 
     if existing:
         kubectl.run("delete", "rljob", JOB_NAME, "-n", settings.namespace, "--wait=true", "--timeout=120s")
         say(f"  … the previous demo run ended {job_phase(existing)}; starting a new run")
-    run_dir = settings.state_dir / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    runs_dir = settings.state_dir / "runs"
+    removed, freed = runs.prune(runs_dir, settings.keep_runs - 1)
+    if removed:
+        say(
+            f"  … removed {len(removed)} earlier run(s) under {home(runs_dir)} ({runs.human(freed)}); "
+            f"--keep-runs N keeps the newest N"
+        )
+    run_dir = runs_dir / datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True)
     job = manifest.demo_job(
         example, repo=REPO, run_dir=run_dir, namespace=settings.namespace, ttl_seconds=settings.ttl_seconds
@@ -304,7 +312,7 @@ def cmd_up(settings: Settings) -> int:
     return summary(settings, kubectl, final, run_dir, started)
 
 
-def cmd_down(settings: Settings, keep_cluster: bool) -> int:
+def cmd_down(settings: Settings, keep_cluster: bool, purge: bool) -> int:
     with setup_lock(settings):
         status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
         if status.returncode == 0:
@@ -321,7 +329,16 @@ def cmd_down(settings: Settings, keep_cluster: bool) -> int:
             if down.returncode != 0:
                 raise DemoError(f"devcluster down failed:\n{down.stdout}{down.stderr}")
             done(f"control plane {settings.cluster}", "stopped")
-    say(f"Run outputs are kept under {home(settings.state_dir / 'runs')}.")
+    runs_dir = settings.state_dir / "runs"
+    if purge:
+        removed, freed = runs.prune(runs_dir, 0)
+        done("run outputs", f"removed ({len(removed)} run(s), {runs.human(freed)})")
+    elif kept := runs.list_runs(runs_dir):
+        size = runs.human(sum(runs.size_bytes(run) for run in kept))
+        say(
+            f"Run outputs ({len(kept)} run(s), {size}) are kept under {home(runs_dir)}; "
+            "`make demo-down DEMO_ARGS=--purge` removes them."
+        )
     return 0
 
 
@@ -333,6 +350,13 @@ def cmd_env(settings: Settings) -> int:
     else:
         sys.stderr.write(env.stderr or f"no running cluster {settings.cluster}: run make demo\n")
     return env.returncode
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,15 +374,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=3600, help="stop watching after this many seconds")
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between two looks at the job")
     parser.add_argument("--keep-cluster", action="store_true", help="down: leave the control plane running")
+    parser.add_argument(
+        "--keep-runs",
+        type=positive_int,
+        default=runs.KEEP_RUNS,
+        help=f"up: keep the newest N run directories, this one included (default {runs.KEEP_RUNS})",
+    )
+    parser.add_argument("--purge", action="store_true", help="down: also remove the run outputs")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = Settings(args.cluster, args.namespace, args.ttl, args.timeout, args.poll)
+    settings = Settings(args.cluster, args.namespace, args.ttl, args.timeout, args.poll, args.keep_runs)
     try:
         if args.command == "down":
-            return cmd_down(settings, args.keep_cluster)
+            return cmd_down(settings, args.keep_cluster, args.purge)
         if args.command == "env":
             return cmd_env(settings)
         return cmd_up(settings)
