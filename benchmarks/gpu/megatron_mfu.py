@@ -2,7 +2,8 @@
 ``trainer/megatron/model.py`` (local layer spec, no TransformerEngine; core attention through torch's
 SDPA, ``--attention sdpa``, or megatron-core's DotProductAttention, ``--attention local``), random
 Qwen3-style weights, bf16 params with fp32 main params / grads, Megatron DDP + distributed Adam,
-sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on random tokens.
+sequence length 4096, micro-batch 1 (one sequence; ``--micro-batch-size``), next-token cross-entropy on
+random tokens.
 
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --recompute none --json /tmp/mfu.json
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --profile --json /tmp/mfu.json  # + kernel breakdown
@@ -10,6 +11,7 @@ sequence length 4096, micro-batch 1 (one sequence), next-token cross-entropy on 
     python3 benchmarks/gpu/megatron_mfu.py --models 4b --grad-dtype bf16 --recompute full --memory-limit-gib 78
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --attention local --recompute selective  # before
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --fusions wgrad,norm,rope --json /tmp/mfu.json
+    python3 benchmarks/gpu/megatron_mfu.py --models 4b --lm-head chunked --recompute full --recompute-layers 24
 
 One optimizer step = ``--micro-batches`` N forward + backward passes of one sequence each (gradient
 accumulation through Megatron's forward_backward_func, num_microbatches=N), then the optimizer step
@@ -55,6 +57,16 @@ Options beyond the defaults (each recorded in the result):
   fits an 80 GB H100 (78 GiB usable). The 4b's bf16 params, fp32 grads, fp32 main params and Adam
   state take 72 GB before activations; megatron-core's CPU optimizer offload would relieve that but
   needs TransformerEngine (0.16.1 without it: "can't optimize a non-leaf Tensor" on an H100).
+- ``--micro-batch-size B``: B sequences per forward + backward pass (a [B, seq] batch, as RL trainers
+  pack several responses into one micro-batch): B times fewer kernel launches per token, for a host
+  too slow to keep the GPU busy with one 4,096-token sequence at a time.
+- ``--recompute-layers K`` (with ``--recompute full``): recompute the first K layers only and keep
+  the others' activations (Megatron's "block" method); without it every layer is recomputed.
+- ``--lm-head chunked``: the model returns its final hidden states and the loss comes from
+  ``trainer/megatron/lm_head.py``'s ``chunked_token_logprobs``: logits one chunk of tokens at a time
+  (fp32, about 256 MiB), recomputed in backward, never the whole [tokens, vocab] tensor (1.2 GiB bf16
+  per 4,096 tokens at a 151,936 vocab, and several fp32 copies in the cross-entropy). Excludes
+  ``--ce-fusion``. MFU does not count the head's recomputed GEMM.
 - ``--profile``: after the timed steps, one more step under ``torch.profiler`` (CPU + CUDA): the
   top 25 GPU kernels by total device time, device time by category (``profile_summary.py``), and
   the GPU idle fraction = 1 - GPU busy time / step wall time (launch overhead, host-side work).
@@ -181,6 +193,7 @@ def sdpa_choice(shape: Any, seq: int) -> str:
 
 PROFILE_TOP = 25  # kernels listed by --profile
 GRAD_DTYPES = ("fp32", "bf16")
+LM_HEADS = ("full", "chunked")
 # --fusions: trainer/megatron/fusions.py's FUSIONS but "swiglu" (--swiglu), kept here so that parsing
 # the arguments imports no megatron-core.
 EXTRA_FUSIONS = ("wgrad", "norm", "rope")
@@ -240,6 +253,9 @@ def run_model(
     profile: bool = False,
     fusions: tuple[str, ...] = (),
     fused_adam: bool = True,
+    micro_batch_size: int = 1,
+    recompute_layers: int | None = None,
+    lm_head: str = "full",
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -250,6 +266,11 @@ def run_model(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from rljob_runtime.trainer.megatron.fusions import use_fused_adam
+    from rljob_runtime.trainer.megatron.lm_head import (
+        chunked_token_logprobs,
+        output_weight,
+        return_hidden_states,
+    )
     from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel
 
     if grad_dtype not in GRAD_DTYPES:
@@ -268,7 +289,11 @@ def run_model(
         recompute=recompute,  # type: ignore[arg-type]
         attention=attention,  # type: ignore[arg-type]
         fusions=model_fusions(swiglu, fusions),
+        recompute_layers=recompute_layers,
     )
+    if lm_head == "chunked":
+        return_hidden_states(model)
+    gpt = model  # the GPTModel under the DDP wrapper: its output weight feeds the chunked head
     if ce_fusion:
         # TransformerConfig fields (from ModelParallelConfig) that nothing checks at build time:
         # LanguageModule.compute_language_model_loss reads them at every call, so setting them on
@@ -302,11 +327,16 @@ def run_model(
     vocab = shape.vocab_size
     gen = torch.Generator(device="cuda").manual_seed(0)
     mask = causal_mask(seq, "cuda")
-    positions = torch.arange(seq, device="cuda")[None]
+    positions = torch.arange(seq, device="cuda")[None].expand(micro_batch_size, seq)
 
     def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
-        ids = torch.randint(0, vocab, (1, seq + 1), device="cuda", generator=gen)
-        losses = chunk(ids[:, :-1], positions, mask, labels=ids[:, 1:])  # [1, s] per-token CE
+        ids = torch.randint(0, vocab, (micro_batch_size, seq + 1), device="cuda", generator=gen)
+        if lm_head == "chunked":
+            hidden = chunk(ids[:, :-1], positions, mask)  # [b, s, h]: the output layer is the identity
+            logp = chunked_token_logprobs(hidden, output_weight(gpt), ids[:, 1:], vocab_size=vocab)
+            losses = -logp  # [b, s] per-token CE
+        else:
+            losses = chunk(ids[:, :-1], positions, mask, labels=ids[:, 1:])  # [b, s] per-token CE
 
         def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss = out.float().mean()
@@ -329,7 +359,7 @@ def run_model(
             model=[model],
             num_microbatches=micro_batches,
             seq_length=seq,
-            micro_batch_size=1,
+            micro_batch_size=micro_batch_size,
             forward_only=False,
         )
         mid.record()
@@ -363,7 +393,7 @@ def run_model(
     n_matmul, n_total = matmul_params(shape)
     attn_flops = 12 * shape.num_layers * seq * shape.q_size
     flops_per_token = 6 * n_matmul + attn_flops
-    tokens_per_s = micro_batches * seq / seconds
+    tokens_per_s = micro_batches * micro_batch_size * seq / seconds
     result: dict[str, Any] = {
         "model": name,
         "params": n_total,
@@ -371,12 +401,15 @@ def run_model(
         "padded_vocab": padded_vocab_size(vocab, 1),
         "seq": seq,
         "micro_batches": micro_batches,
+        "micro_batch_size": micro_batch_size,
         "attention": attention,
         "sdpa_backend": chosen,
         "swiglu": swiglu,
         "fusions": sorted(model_fusions(swiglu, fusions)),
         "fused_adam": fused_adam,
         "recompute": recompute,
+        "recompute_layers": recompute_layers,
+        "lm_head": lm_head,
         "ce_fusion": ce_fusion,
         "grad_dtype": grad_dtype,
         "memory_limit_gib": memory_limit_gib,
@@ -427,6 +460,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     parser.add_argument(
+        "--recompute-layers",
+        type=int,
+        default=None,
+        help="with --recompute full: recompute the first K layers only (default: all)",
+    )
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch")
+    parser.add_argument(
+        "--lm-head",
+        default="full",
+        choices=LM_HEADS,
+        help="full: Megatron's output layer + cross-entropy; chunked: trainer/megatron/lm_head.py",
+    )
+    parser.add_argument(
         "--ce-fusion",
         action="store_true",
         help="megatron-core's native fused cross-entropy (cross_entropy_loss_fusion, impl 'native')",
@@ -453,6 +499,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.micro_batches < 1:
         parser.error("--micro-batches must be >= 1")
+    if args.micro_batch_size < 1:
+        parser.error("--micro-batch-size must be >= 1")
+    if args.recompute_layers is not None and (args.recompute != "full" or args.recompute_layers < 1):
+        parser.error("--recompute-layers needs --recompute full and must be >= 1")
+    if args.lm_head == "chunked" and args.ce_fusion:
+        parser.error("--lm-head chunked computes its own cross-entropy: drop --ce-fusion")
     if args.memory_limit_gib is not None and args.memory_limit_gib <= 0:
         parser.error("--memory-limit-gib must be positive")
     return args
@@ -466,6 +518,9 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--sdpa-backend", args.sdpa_backend, "--swiglu", args.swiglu]
     argv += ["--grad-dtype", args.grad_dtype, "--fusions", ",".join(args.fusions) or "none"]
     argv.append("--fused-adam" if args.fused_adam else "--no-fused-adam")
+    argv += ["--micro-batch-size", str(args.micro_batch_size), "--lm-head", args.lm_head]
+    if args.recompute_layers is not None:
+        argv += ["--recompute-layers", str(args.recompute_layers)]
     if args.memory_limit_gib is not None:
         argv += ["--memory-limit-gib", str(args.memory_limit_gib)]
     for flag in ("ce_fusion", "profile"):
@@ -490,8 +545,8 @@ def limit_text(result: dict[str, Any]) -> str:
 def table_lines(results: list[dict[str, Any]]) -> list[str]:
     """The final table, then one line per profiled model."""
     lines = [
-        "| model | params | seq x micro-batches | attention (kernel) | recompute | fusions / Adam "
-        "| SwiGLU / CE fusion "
+        "| model | params | seq x [sequences x] micro-batches | attention (kernel) | recompute "
+        "| fusions / Adam | SwiGLU / CE fusion "
         "| grads | memory cap | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
         "| peak mem GiB (host RSS) |"
     ]
@@ -499,10 +554,19 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['error']} |")
             continue
-        ce = "native" if r.get("ce_fusion") else "off"
+        ce = "chunked head" if r.get("lm_head") == "chunked" else "native" if r.get("ce_fusion") else "off"
+        batch = r.get("micro_batch_size", 1)
+        tokens = (
+            f"{r['seq']} x {r['micro_batches']}"
+            if batch == 1
+            else f"{r['seq']} x {batch} x {r['micro_batches']}"
+        )
+        recompute = r["recompute"]
+        if r.get("recompute_layers"):
+            recompute = f"{recompute} ({r['recompute_layers']} layers)"
         lines.append(
-            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['seq']} x {r['micro_batches']} | "
-            f"{r['attention']} ({r['sdpa_backend']}) | {r['recompute']} | {fusions_text(r)} | "
+            f"| {r['model']} | {r['params'] / 1e9:.2f}B | {tokens} | "
+            f"{r['attention']} ({r['sdpa_backend']}) | {recompute} | {fusions_text(r)} | "
             f"{r['swiglu']} / {ce} | "
             f"{r.get('grad_dtype', 'fp32')} | {limit_text(r)} | {r['step_s']} "
             f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
@@ -556,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
                     profile=args.profile,
                     fusions=args.fusions,
                     fused_adam=args.fused_adam,
+                    micro_batch_size=args.micro_batch_size,
+                    recompute_layers=args.recompute_layers,
+                    lm_head=args.lm_head,
                 )
             ]
         except torch.OutOfMemoryError as err:

@@ -258,8 +258,13 @@ def test_arguments_defaults_and_new_options() -> None:
     assert args.models == "1b,4b" and args.micro_batches == 4 and args.swiglu == "fused"
     assert not args.ce_fusion and args.grad_dtype == "fp32" and args.memory_limit_gib is None
     assert not args.profile
+    assert args.micro_batch_size == 1 and args.recompute_layers is None and args.lm_head == "full"
     new = bench.parse_args(["--ce-fusion", "--grad-dtype", "bf16", "--memory-limit-gib", "78", "--profile"])
     assert new.ce_fusion and new.grad_dtype == "bf16" and new.memory_limit_gib == 78.0 and new.profile
+    more = bench.parse_args(
+        ["--lm-head", "chunked", "--recompute", "full", "--recompute-layers", "24", "--micro-batch-size", "2"]
+    )
+    assert more.lm_head == "chunked" and more.recompute_layers == 24 and more.micro_batch_size == 2
 
 
 @pytest.mark.parametrize(
@@ -268,6 +273,11 @@ def test_arguments_defaults_and_new_options() -> None:
         ["--micro-batches", "0"],
         ["--memory-limit-gib", "0"],
         ["--grad-dtype", "fp16"],
+        ["--micro-batch-size", "0"],
+        ["--recompute-layers", "4"],  # needs --recompute full
+        ["--recompute", "full", "--recompute-layers", "0"],
+        ["--lm-head", "chunked", "--ce-fusion"],
+        ["--lm-head", "fused"],
     ],
 )
 def test_arguments_refused(argv: list[str]) -> None:
@@ -282,6 +292,16 @@ def test_arguments_refused(argv: list[str]) -> None:
         ["--ce-fusion", "--grad-dtype", "bf16", "--profile", "--recompute", "full"],
         ["--memory-limit-gib", "78", "--micro-batches", "8", "--swiglu", "unfused"],
         ["--attention", "local", "--sdpa-backend", "cudnn", "--seq", "2048"],
+        [
+            "--lm-head",
+            "chunked",
+            "--recompute",
+            "full",
+            "--recompute-layers",
+            "20",
+            "--micro-batch-size",
+            "2",
+        ],
     ],
 )
 def test_child_processes_get_every_option(argv: list[str]) -> None:
@@ -322,17 +342,21 @@ def test_table_shows_the_new_fields_and_the_profile() -> None:
         _result(model="1b-fused", ce_fusion=True, grad_dtype="bf16", profile=summary),
         _result(model="4b", memory_limit_gib=78.0, profile={"error": "X: y"}),
         {"model": "4b", "error": "out of memory: ..."},
+        _result(model="4b", recompute="full", recompute_layers=24, lm_head="chunked", micro_batch_size=2),
     ]
     lines = bench.table_lines(results)
     assert "| SwiGLU / CE fusion | grads | memory cap |" in lines[0]
+    assert "| 4096 x 2 x 4 | sdpa (cudnn_attention) | full (24 layers) |" in lines[5]
+    assert "| fused / chunked head |" in lines[5]
+    assert "| 4096 x 4 | sdpa (cudnn_attention) | None |" in lines[1]
     assert "| fused / off | fp32 | - | 0.46 (0.424 / 0.036) |" in lines[1]
     assert lines[1].endswith("| 0.299 | 31.3 (6.0) |")
     assert "| fused / native | bf16 | - |" in lines[2]
     assert "| fused / off | fp32 | 78 GiB |" in lines[3]
     assert lines[4] == "| 4b | out of memory: ... |"
-    assert lines[5] == f"1b-fused GPU time by category: {ps.category_line(summary)}"
-    assert lines[6] == "4b profile failed: X: y"
-    assert len(lines) == 7
+    assert lines[6] == f"1b-fused GPU time by category: {ps.category_line(summary)}"
+    assert lines[7] == "4b profile failed: X: y"
+    assert len(lines) == 8
 
 
 def test_limit_text() -> None:

@@ -59,6 +59,7 @@ def _logits_and_grads(
     ids: torch.Tensor,
     weights: torch.Tensor,
     recompute: str | None = None,
+    recompute_layers: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     shape = model_shape(config)
     par = validate_parallelism(shape, gpus=1)
@@ -69,6 +70,10 @@ def _logits_and_grads(
         dtype=torch.float32,
         attention=attention,  # type: ignore[arg-type]
         recompute=recompute,  # type: ignore[arg-type]
+        recompute_layers=recompute_layers,
+    )
+    assert model.config.recompute_method == (
+        None if recompute != "full" else "uniform" if recompute_layers is None else "block"
     )
     expected = SdpaAttention if attention == "sdpa" else DotProductAttention
     for layer in model.decoder.layers:
@@ -119,15 +124,40 @@ def test_sdpa_matches_local_logits_and_grads(
     _assert_same(logits, grads, ref_logits, ref_grads)
 
 
-@pytest.mark.parametrize("recompute", ["selective", "full"])
-def test_sdpa_under_recompute_matches_local(cpu_megatron: None, recompute: str) -> None:
+@pytest.mark.parametrize(
+    ("recompute", "layers"),
+    [("selective", None), ("full", None), ("full", 1)],
+    ids=["selective", "full", "block-1"],
+)
+def test_sdpa_under_recompute_matches_local(cpu_megatron: None, recompute: str, layers: int | None) -> None:
     """Selective recompute calls the core attention through Megatron's checkpoint wrapper (mask type
-    passed as a tensor); full recompute is what the backend uses for recompute_activations."""
+    passed as a tensor); full recompute is what the backend uses for recompute_activations; block-1
+    recomputes the first of the two layers only (recompute_layers)."""
     config = TINY["qwen3"]
     ids, weights = _inputs(config["vocab_size"])
     ref_logits, ref_grads = _logits_and_grads(config, "local", ids, weights)
-    logits, grads = _logits_and_grads(config, "sdpa", ids, weights, recompute=recompute)
+    logits, grads = _logits_and_grads(
+        config, "sdpa", ids, weights, recompute=recompute, recompute_layers=layers
+    )
     _assert_same(logits, grads, ref_logits, ref_grads)
+
+
+@pytest.mark.parametrize(
+    ("recompute", "layers", "match"),
+    [
+        ("selective", 1, "recompute_layers needs recompute='full', got 'selective'"),
+        ("full", 0, r"recompute_layers must be in 1\.\.2 \(layers per pipeline stage\), got 0"),
+        ("full", 3, r"must be in 1\.\.2 .*got 3"),
+    ],
+)
+def test_recompute_layers_out_of_range_is_refused(
+    cpu_megatron: None, recompute: str, layers: int, match: str
+) -> None:
+    shape = model_shape(TINY["qwen3"])
+    par = validate_parallelism(shape, gpus=1)
+    init_model_parallel(par)
+    with pytest.raises(ValueError, match=match):
+        transformer_config(shape, par, recompute=recompute, recompute_layers=layers)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ the module against DotProductAttention

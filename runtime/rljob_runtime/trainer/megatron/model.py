@@ -66,6 +66,7 @@ def transformer_config(
     recompute: Recompute = None,
     cpu_init: bool = False,
     fusions: Iterable[str] = (),
+    recompute_layers: int | None = None,
 ) -> TransformerConfig:
     """Llama-style decoder settings: RMSNorm, SwiGLU without biases (qkv bias for Qwen2), GQA, qk-norm
     for Qwen3, no dropout (RL fine-tuning; HF configs carry 0).
@@ -77,7 +78,19 @@ def transformer_config(
     extension); "norm" and "rope" are the layer spec's and the RoPE function's (``build_gpt_model``).
     The other megatron-core fusion flags stay off: they need apex, TE or megatron's own CUDA
     extensions, or have nothing to fuse here (see the comments at each flag).
+
+    ``recompute_layers`` (with ``recompute="full"`` only): recompute the first N layers of each pipeline
+    stage and keep the others' activations (Megatron's "block" method), for a memory budget between no
+    recompute and all layers (None: every layer, "uniform" one at a time).
     """
+    if recompute_layers is not None:
+        per_stage = shape.num_layers // par.pp
+        if recompute != "full":
+            raise ValueError(f"recompute_layers needs recompute='full', got {recompute!r}")
+        if not 0 < recompute_layers <= per_stage:
+            raise ValueError(
+                f"recompute_layers must be in 1..{per_stage} (layers per pipeline stage), got {recompute_layers}"
+            )
     fusions = check_fusions(fusions)
     if "wgrad" in fusions:
         install_wgrad_fusion()  # before any ColumnParallelLinear checks for apex's extension
@@ -130,8 +143,8 @@ def transformer_config(
         variable_seq_lengths=True,  # RL batches differ in length from step to step
         moe_token_dispatcher_type="alltoall",  # the default (allgather) refuses variable lengths, even dense
         recompute_granularity=recompute,
-        recompute_method="uniform" if recompute == "full" else None,
-        recompute_num_layers=1 if recompute == "full" else None,
+        recompute_method=None if recompute != "full" else "uniform" if recompute_layers is None else "block",
+        recompute_num_layers=None if recompute != "full" else recompute_layers or 1,
         use_cpu_initialization=cpu_init,
         # Weights come from an HF checkpoint, but keep Megatron's init: it is also what marks TP-split
         # parameters (tensor_model_parallel); without it the grad norm skips TP ranks > 0's shards.
@@ -183,6 +196,7 @@ def build_gpt_model(
     parallel_output: bool = False,
     attention: Attention = "sdpa",
     fusions: Iterable[str] = (),
+    recompute_layers: int | None = None,
 ) -> GPTModel:
     """This rank's GPTModel chunk (its TP slice and PP stage), uninitialised, on the current device.
 
@@ -190,11 +204,20 @@ def build_gpt_model(
     ``attention``: the core attention (``Attention``). ``fusions``: names from ``fusions.FUSIONS``
     (see ``transformer_config``); none by default (torch.compile in every trainer rank, a first step
     slower by the compiles: opt in where it is measured, as the MFU benchmark does). "rope" patches
-    megatron-core's RoPE for the whole process (every model built after it too).
+    megatron-core's RoPE for the whole process (every model built after it too). ``recompute_layers``:
+    see ``transformer_config``.
     """
     fusions = check_fusions(fusions)
     cpu = not torch.cuda.is_available()
-    config = transformer_config(shape, par, dtype=dtype, recompute=recompute, cpu_init=cpu, fusions=fusions)
+    config = transformer_config(
+        shape,
+        par,
+        dtype=dtype,
+        recompute=recompute,
+        cpu_init=cpu,
+        fusions=fusions,
+        recompute_layers=recompute_layers,
+    )
     if "rope" in fusions:
         install_rope_fusion()
     model = GPTModel(
