@@ -139,9 +139,10 @@ class _ChunkedLogprobs(torch.autograd.Function):
             z = _chunk_logits(hidden[rows], weight, n_valid, temperature)
             # d log p(t) / d z = onehot(t) - softmax(z); padding columns: exp(-inf) = 0
             dz = z.sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
-            hit = mine[rows].nonzero().squeeze(1)
-            dz[hit, local[rows][hit]] += g[rows][hit]
-            dz = dz.to(hidden.dtype)
+            # the onehot term, added where this rank holds the target (elsewhere 0 goes to column 0;
+            # a scatter, not a boolean index, so no host sync per chunk)
+            onehot = torch.where(mine[rows], g[rows], 0.0)
+            dz = dz.scatter_add_(1, local[rows, None], onehot[:, None]).to(hidden.dtype)
             grad_hidden[rows] = dz @ weight
             wgrad_accumulate(hidden[rows], dz, grad_weight)
         _all_reduce(grad_hidden, dist.ReduceOp.SUM, group, size)
