@@ -1,5 +1,6 @@
 """The CPU-testable parts of ``benchmarks/gpu/weight_sync_path.py`` (the GPU runs are the owner's):
-arguments, figures, the checksum comparison, the model shapes and the engine's model directory."""
+arguments, figures, the checksum comparison, the model shapes and the engine's model directory
+(``sync_engine.py``), and the whole harness on CPU."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _load() -> ModuleType:
 
 
 bench = _load()
+import sync_engine  # noqa: E402  (the benchmark's sibling module: importable once it is loaded)
 
 
 def test_arguments_defaults_and_per_transport_floors() -> None:
@@ -136,8 +138,8 @@ def test_tiny_model_directory_loads_in_the_hf_engine(tmp_path: Path) -> None:
     config = bench.qwen3_config("tiny")
     shape = bench.model_shape(config)
     weights = random_hf_state(shape, dtype=torch.bfloat16, seed=1)
-    directory = bench.write_model_dir(tmp_path / "tiny", config, weights)
-    assert (directory / bench.COMPLETE).is_file() and not list(tmp_path.glob(".tiny.*"))
+    directory = sync_engine.write_model_dir(tmp_path / "tiny", config, weights)
+    assert (directory / sync_engine.COMPLETE).is_file() and not list(tmp_path.glob(".tiny.*"))
     engine = HFEngine(directory, dtype="bfloat16", device="cpu")
     assert engine.encode("hello world") == [3, 4] and engine.pad_token_id == 1 and 2 in engine.eos_token_ids
     assert (
