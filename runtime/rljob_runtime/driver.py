@@ -11,6 +11,7 @@ prompts whose zero-variance groups are dropped (``dynamic_rollout``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import random
@@ -26,6 +27,7 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from .algo.batching import steps_per_rollout
 from .checkpoint import store
+from .colocation import Turns
 from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
 from .data.rewards.base import scalar_reward
 from .data.rewards.build import build_reward, reward_needs_label
@@ -34,7 +36,7 @@ from .models import resolve_model
 from .report import JobIdentity, ProgressReporter
 from .rollout.custom_generate import load_hook
 from .step_rollout import StepRollout, next_rollout_async, step_rollout
-from .sync import WeightSync, check_supported
+from .sync import WeightTransport, check_supported, make_transport
 
 log = logging.getLogger("rljob.driver")
 
@@ -77,8 +79,6 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     unsupported = []
     if spec.training.backend == "megatron":
         unsupported.extend(megatron_unsupported(spec))
-    if spec.rollout.engine != "hf":
-        unsupported.append("rollout.engine sglang (needs GPUs)")
     if spec.rollout.partial_rollout:
         unsupported.append("rollout.partialRollout")
     if spec.rollout.async_.enabled and spec.rollout.async_.buffer_size > 1:
@@ -98,6 +98,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
         check_megatron_installed()
+    if spec.rollout.engine == "sglang":
+        check_sglang()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_path)
@@ -138,6 +140,17 @@ def check_megatron_installed() -> None:
         )
 
 
+def check_sglang() -> None:
+    """The pinned SGLang release must be the runtime's (its HTTP API and weight formats are the ones
+    the runtime speaks): refused here, before Ray starts, with the version needed."""
+    from .sglang_install import SGLangInstallError, check_sglang_installed
+
+    try:
+        check_sglang_installed()
+    except SGLangInstallError as err:
+        raise RunError(str(err)) from err
+
+
 def check_megatron_layout(spec: RLTrainingJobSpec, model_path: str) -> None:
     """The model's architecture and training.parallelism against the trainer GPUs, from config.json
     alone: refused here with the numbers, not after Ray placed the ranks."""
@@ -173,20 +186,37 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         started_ray = True
     unwind_on_sigterm()  # after ray.init, which installs a SIGTERM handler that aborts the process
     trainer = rollout = None
-    sync = WeightSync(spec, single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1)
+    transport = make_transport(
+        spec,
+        single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1,
+        model_path=prepared.model_path,
+    )
     reporter = ProgressReporter(
         spec.training.num_rollout, job=options.job, tensorboard_dir=options.tensorboard_dir
     )
     try:
         placement = create_placement(spec)
         trainer = create_trainer(spec, prepared.model_path, placement.trainer)
+        resumed = _load_checkpoint(prepared, options, trainer)
+        turns = Turns(spec, trainer, None)
+        start_metrics = turns.start()  # colocated: the trainer's state leaves the GPU for the engines
         rollout = RolloutManager.create(
-            spec, prepared.model_path, placement, weights_provider=trainer.named_tensors
+            spec,
+            prepared.model_path,
+            placement,
+            # a resumed run's engines load the checkpoint's HF export: no sync needed to catch up
+            weights_path=store.model_dir(resumed.directory) if resumed is not None else None,
         )
-        return _loop(prepared, options, trainer, rollout, reporter, sync)
+        rollout.refresher = lambda url: transport.refresh(trainer, rollout, url)
+        turns.rollout = rollout
+        if resumed is not None:
+            rollout.set_weight_version(resumed.step)
+        if start_metrics:
+            log.info("trainer offloaded for the engines: %s", start_metrics)
+        return _loop(prepared, options, trainer, rollout, reporter, transport, turns, resumed)
     finally:
         reporter.close()
-        sync.close()
+        transport.close()
         if rollout is not None:
             rollout.shutdown()
         if trainer is not None:
@@ -213,12 +243,15 @@ def _loop(
     trainer: Any,
     rollout: Any,
     reporter: ProgressReporter,
-    sync: WeightSync,
+    transport: WeightTransport,
+    turns: Turns,
+    resumed: Resumed | None,
 ) -> RunResult:
     spec = prepared.spec
     ckpt_root = Path(spec.checkpoint.path)
     rng = random.Random(spec.training.seed)
-    start, last_ckpt, buffered = _resume(prepared, options, trainer, rollout, rng, sync)
+    start, buffered = _restore_driver_state(prepared, rng, resumed)
+    last_ckpt = str(resumed.directory) if resumed is not None else None
     result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
     total = spec.training.num_rollout
     if start > 0:
@@ -247,18 +280,11 @@ def _loop(
             metrics["time/reward"] = time.perf_counter() - t0
         if samples:
             metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
+        metrics.update(turns.to_trainer())
         t0 = time.perf_counter()
-        if spec.resources.colocate:
-            rollout.release_memory()
         train_metrics = _train(spec, trainer, samples) if samples else {"skipped_rollout": 1.0}
-        if spec.resources.colocate:
-            rollout.resume_memory()
         metrics["time/train"] = time.perf_counter() - t0
         metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
-        if not async_mode or (step + 1) % spec.rollout.async_.update_weights_interval == 0:
-            if pending is not None:
-                pending.result()  # never update weights in the middle of a generation
-            metrics.update(sync.push(trainer, rollout, version=step + 1))
         checkpoint = None
         done = step + 1
         interval = spec.checkpoint.save_interval
@@ -271,6 +297,11 @@ def _loop(
             metrics["time/save"] = time.perf_counter() - t0
             checkpoint = (done, str(path))
             result.last_checkpoint = str(path)
+        push = not async_mode or done % spec.rollout.async_.update_weights_interval == 0
+        if push and pending is not None:
+            pending.result()  # never update weights in the middle of a generation
+        sync = functools.partial(transport.push, trainer, rollout, done) if push else dict
+        metrics.update(turns.to_engines(sync))
         eval_rewards = None
         if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
             if pending is not None:
@@ -378,9 +409,15 @@ def _save(
     return directory
 
 
-def _resume(
-    prepared: Prepared, options: RunOptions, trainer: Any, rollout: Any, rng: random.Random, sync: WeightSync
-) -> tuple[int, str | None, StepRollout | None]:
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+    directory: Path
+
+
+def _load_checkpoint(prepared: Prepared, options: RunOptions, trainer: Any) -> Resumed | None:
+    """The latest complete checkpoint into the trainer (before the engines start: they load its HF
+    export, and a colocated trainer still holds the GPU), per checkpoint.resume."""
     policy = options.resume or prepared.spec.checkpoint.resume
     found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
     if found is None:
@@ -388,15 +425,23 @@ def _resume(
             raise RunError(
                 f"checkpoint.resume is required but there is no complete checkpoint under {prepared.spec.checkpoint.path}"
             )
-        return 0, None, None
+        return None
     step, directory = found
     trainer.load(str(directory))
-    state = store.read_driver_state(directory)
+    return Resumed(step, Path(directory))
+
+
+def _restore_driver_state(
+    prepared: Prepared, rng: random.Random, resumed: Resumed | None
+) -> tuple[int, StepRollout | None]:
+    """The data-source position, the RNG and the in-flight rollout saved with the checkpoint."""
+    if resumed is None:
+        return 0, None
+    state = store.read_driver_state(resumed.directory)
     prepared.source.load_state_dict(state["data"])
     rng.setstate((state["rng_version"], tuple(state["rng"]), None))
-    sync.push(trainer, rollout, version=step)
     samples = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
     # A buffered rollout may be empty (dynamic sampling that kept no whole global batch).
     buffered = state.get("rollout_buffered", bool(samples))
     buffer = StepRollout(samples, dict(state.get("rollout_buffer_metrics", {}))) if buffered else None
-    return step, str(directory), buffer
+    return resumed.step, buffer

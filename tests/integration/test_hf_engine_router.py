@@ -275,7 +275,7 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
         )
         assert answer["success"] is True
         post(f"{url}/continue_generation")
-        assert get(f"{url}/get_weight_version")["weight_version"] == "2"
+        assert get(f"{url}/model_info")["weight_version"] == "2"
     for _ in range(2):  # both engines, via the router
         answer = greedy(cluster.router)
         assert answer["output_ids"] == tokens_b
@@ -321,7 +321,7 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
     )
     status, answer = http("POST", f"{cluster.engines[0]}/update_weights_from_tensor", bad)
     assert status == 400 and "nope" in answer["message"]
-    assert get(f"{cluster.engines[0]}/get_weight_version")["weight_version"] == "3"
+    assert get(f"{cluster.engines[0]}/model_info")["weight_version"] == "3"
 
 
 def _long_request(url: str, rid: str, results: dict[str, Any]) -> threading.Thread:

@@ -1,8 +1,10 @@
 """RolloutManager on a local Ray: 2 hf engines (colocated CPU spec) behind the real sglang-router.
 
 One manager serves the whole module (engines take seconds to start on 2 busy cores); the tests run
-in file order and build on each other's state: generation, weight updates, a kill mid-rollout, a
-kill of an idle engine, a dead engine actor, restarts exhausted, then shutdown.
+in file order and build on each other's state: generation, weight updates through the transports
+(the CPU tensor format and disk), a kill mid-rollout, a kill of an idle engine, a dead engine
+actor, restarts exhausted, then shutdown. The "trainer" the transports ask for weights is a model
+directory's weights (``Weights``); a relaunched engine is refreshed by the last transport used.
 Random-weight 2-layer models (SmolLM2's tokenizer) make every generation cheap.
 """
 
@@ -27,6 +29,9 @@ from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.models import make_tiny_model
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import EngineRestartsExhausted, RolloutError, RolloutManager
+from rljob_runtime.sync.base import WeightTransport
+from rljob_runtime.sync.disk import DiskTransport
+from rljob_runtime.sync.tensor import TensorTransport
 
 PROMPTS = [
     [1780, 314, 216, 34, 27, 35, 47],  # "What is 2+3?"
@@ -35,6 +40,18 @@ PROMPTS = [
     [22, 23, 24, 25],
 ]
 OK = (Status.COMPLETED, Status.TRUNCATED)
+DISK = DiskTransport()  # one scratch directory for the module, as a run has
+
+
+class Weights:
+    """What the transports ask of a trainer: here the weights of a model directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Copies, as the trainer's (a tied lm_head is its own tensor, as safetensors wants)."""
+        return {k: v.clone() for k, v in load(self.path).state_dict().items()}
 
 
 @dataclass
@@ -43,6 +60,16 @@ class Env:
     model_a: Path
     model_b: Path
     log_dir: Path
+    source: Weights
+
+
+def push(env: Env, transport: WeightTransport, model: Path, version: int | str | None = None) -> str:
+    """The "trainer" now holds ``model``'s weights; push them (relaunched engines are refreshed the
+    same way); the manager's new version."""
+    env.source.path = model
+    env.manager.refresher = lambda url: transport.refresh(env.source, env.manager, url)
+    transport.push(env.source, env.manager, version)
+    return env.manager.weight_version
 
 
 def _spec(model: Path) -> Any:
@@ -74,7 +101,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     spec = _spec(model_a)
     retry = RetryPolicy(max_attempts=60, backoff_s=0.5)
     with rollout_on_ray(spec, model_a, tmp / "logs", retry=retry, engines=2) as manager:
-        yield Env(manager, model_a, model_b, tmp / "logs")
+        yield Env(manager, model_a, model_b, tmp / "logs", Weights(model_a))
 
 
 def get(url: str) -> Any:
@@ -164,22 +191,21 @@ def test_c_weight_update_from_tensors_changes_greedy_outputs(env: Env) -> None:
     tokens_b = greedy_reference(load(env.model_b), PROMPTS[0], 8)
     assert tokens_a != tokens_b
     assert all(s.response_ids == tokens_a for s in greedy_samples(manager))
-    version = manager.update_weights_from_tensors(load(env.model_b).state_dict().items())
-    assert version == manager.weight_version == "1"  # bumped from "default"
+    version = push(env, TensorTransport(), env.model_b)
+    assert version == "1"  # bumped from "default"
     for url in manager.engine_urls():
-        assert get(f"{url}/get_weight_version")["weight_version"] == "1"
+        assert get(f"{url}/model_info")["weight_version"] == "1"
     out = greedy_samples(manager)
     assert all(s.response_ids == tokens_b and s.weight_versions == ["1"] for s in out)
-    # back to A as a flattened bucket with an explicit version, then B from disk (bumped to 3)
-    assert manager.update_weights_from_tensors(
-        load(env.model_a).state_dict().items(), 2, flattened_bucket=True
-    )
+    # back to A with an explicit version, then B through a safetensors directory (bumped to 3)
+    assert push(env, TensorTransport(), env.model_a, 2) == "2"
     assert all(s.response_ids == tokens_a and s.weight_versions == ["2"] for s in greedy_samples(manager))
-    assert manager.update_weights_from_disk(env.model_b) == "3"
+    assert push(env, DISK, env.model_b) == "3"
     assert all(s.response_ids == tokens_b and s.weight_versions == ["3"] for s in greedy_samples(manager))
     # colocated engines free and take back their memory around training (no-ops on hf, same calls)
     manager.release_memory()
-    manager.resume_memory()
+    manager.resume_memory(["weights"])
+    manager.resume_memory(["kv_cache", "cuda_graph"])
     assert all(s.weight_versions == ["3"] for s in greedy_samples(manager, 2))
 
 
@@ -193,7 +219,7 @@ def test_c2_update_during_a_rollout_retries_the_aborted_requests(env: Env) -> No
         assert time.monotonic() < deadline and not future.done()
         time.sleep(0.05)
     # pause_generation (mode abort) aborts what runs; generate resends it, the paused engine holds it
-    version = manager.update_weights_from_disk(env.model_a, "4")
+    version = push(env, DISK, env.model_a, "4")
     out = future.result(timeout=120)
     assert all(s.status is Status.TRUNCATED and s.response_length == 200 for s in out)
     retried = [s for s in out if s.metadata["rollout_tries"] > 1]
@@ -203,7 +229,7 @@ def test_c2_update_during_a_rollout_retries_the_aborted_requests(env: Env) -> No
 
 def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
     manager = env.manager
-    version = manager.update_weights_from_tensors(load(env.model_b).state_dict().items(), "5")
+    version = push(env, TensorTransport(), env.model_b, "5")
     tokens_b = greedy_reference(load(env.model_b), PROMPTS[0], 8)
     old_urls = manager.engine_urls()
     restarts = manager.restarts
@@ -232,8 +258,8 @@ def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
     assert sorted(manager.router.worker_urls()) == sorted(manager.engine_urls())
     info = manager.engine_info()[1]
     assert info["alive"] and info["launches"] == 2
-    # the new engine serves the current weights: the last update was replayed onto it
-    assert get(f"{new_url}/get_weight_version")["weight_version"] == version == "5"
+    # the new engine serves the current weights: the transport refreshed it from the "trainer"
+    assert get(f"{new_url}/model_info")["weight_version"] == version == "5"
     before = served(new_url)
     out = greedy_samples(manager, 4)
     assert all(s.response_ids == tokens_b and s.weight_versions == ["5"] for s in out)
@@ -243,7 +269,7 @@ def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
 
 def test_b2_idle_engine_killed_after_a_disk_update_gets_those_weights(env: Env) -> None:
     manager = env.manager
-    version = manager.update_weights_from_disk(env.model_a, "6")
+    version = push(env, DISK, env.model_a, "6")
     tokens_a = greedy_reference(load(env.model_a), PROMPTS[0], 8)
     old_url, restarts = manager.engine_urls()[0], manager.restarts
     started = time.monotonic()
@@ -256,7 +282,7 @@ def test_b2_idle_engine_killed_after_a_disk_update_gets_those_weights(env: Env) 
     print(f"(kill to registered: {time.monotonic() - started:.1f} s)")
     assert manager.restarts == restarts + 1
     new_url = manager.engine_urls()[0]
-    assert get(f"{new_url}/get_weight_version")["weight_version"] == version
+    assert get(f"{new_url}/model_info")["weight_version"] == version
     assert all(s.response_ids == tokens_a and s.weight_versions == [version] for s in greedy_samples(manager))
 
 
@@ -276,7 +302,7 @@ def test_b3_dead_actor_takes_its_server_along_and_is_recreated_on_its_bundle(env
     assert engine.actor is not old_actor
     info = manager.engine_info()[1]
     assert info["launches"] == 1 and info["alive"] and info["pid"] != old_pid
-    assert get(f"{engine.url}/get_weight_version")["weight_version"] == manager.weight_version == "6"
+    assert get(f"{engine.url}/model_info")["weight_version"] == manager.weight_version == "6"
     assert sorted(manager.router.worker_urls()) == sorted(manager.engine_urls())
 
 

@@ -1,7 +1,8 @@
 """Disaggregated weight sync (``sync/nccl.py``) end to end on CPU: the real torch trainer rank (a Ray
 actor) hosts the weight-update group, two real hf engines join it through
 ``/init_weights_update_group`` and receive flattened buckets through
-``/update_weights_from_distributed``, driven by ``WeightSync`` and ``RolloutManager`` as in a run.
+``/update_weights_from_distributed``, driven by ``DistributedTransport`` and ``RolloutManager`` as in
+a run.
 
 Only the collective backend differs from a GPU run: gloo instead of NCCL (``group_backend="gloo"``);
 the endpoints, bucket plan, byte layout, ordering and group rebuild are the code that runs on GPUs.
@@ -24,7 +25,7 @@ from rljob_runtime.config import config_from_document
 from rljob_runtime.models import make_tiny_model
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager
-from rljob_runtime.sync import WeightSync
+from rljob_runtime.sync import make_transport
 from rljob_runtime.sync.checksum import checksums
 from rljob_runtime.trainer import create_trainer
 
@@ -84,7 +85,6 @@ def setup(models: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[Any, Any,
             spec,
             model_a,
             placement,
-            weights_provider=trainer.named_tensors,
             retry=RetryPolicy(max_attempts=60, backoff_s=0.5),
             log_dir=tmp_path / "logs",
         )
@@ -107,7 +107,10 @@ def test_broadcast_sync_reaches_every_engine_and_survives_a_relaunch(setup: tupl
     urls = manager.engine_urls()
     assert len(urls) == 2 and all(_served(u) != want for u in urls), "engines must start from other weights"
 
-    sync = WeightSync(spec, single_node=True, transport="nccl", group_backend="gloo", bucket_bytes=64 << 10)
+    sync = make_transport(
+        spec, single_node=True, transport="nccl", group_backend="gloo", bucket_bytes=64 << 10
+    )
+    manager.refresher = lambda url: sync.refresh(trainer, manager, url)
     first = sync.push(trainer, manager, version=1)
     assert first["time/sync_group_init"] > 0 and first["sync/buckets"] > 2  # several buckets, in order
     assert first["sync/bytes"] == sum(t.numel() * t.element_size() for t in trainer.named_tensors().values())
@@ -116,13 +119,16 @@ def test_broadcast_sync_reaches_every_engine_and_survives_a_relaunch(setup: tupl
     second = sync.push(trainer, manager, version=2)
     assert second["time/sync_group_init"] == 0.0  # the same group, no new rendezvous
 
-    # a relaunched engine is not in the group: the next push rebuilds it with the new member
+    # a relaunched engine gets version 2 through a group of its own; the next push rebuilds the shared
+    # group with the new member
     epoch = manager.membership_epoch
     manager.kill_engine_process(1)
     deadline = time.monotonic() + 120
     while manager.membership_epoch == epoch or manager.engines[1].state != "serving":
         assert time.monotonic() < deadline, manager.engine_info()
         time.sleep(0.2)
+    for url in manager.engine_urls():
+        assert _served(url) == want
     third = sync.push(trainer, manager, version=3)
     assert third["time/sync_group_init"] > 0
     for url in manager.engine_urls():

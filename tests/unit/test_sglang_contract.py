@@ -156,6 +156,7 @@ def test_builders_send_only_declared_fields() -> None:
             BucketSpec(("a",), ("bfloat16",), ((2, 2),)).body("g", "5"),
         ],
         "/destroy_weights_update_group": [protocol.destroy_weights_update_group_body("g")],
+        "/update_weight_version": [protocol.update_weight_version_body("6")],
         "/release_memory_occupation": [
             protocol.memory_occupation_body(),
             protocol.memory_occupation_body(["weights"]),

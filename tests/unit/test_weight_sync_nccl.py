@@ -1,21 +1,16 @@
-"""The pure parts of disaggregated sync (sync/nccl.py) and its driving (WeightSync, the manager's
-request order), plus the group itself between two CPU processes over gloo."""
+"""The pure parts of disaggregated sync (sync/nccl.py): bucket plans, the packed byte layout (cast to
+the engines' dtype on the way) and the request checks, plus the group itself between two CPU
+processes over gloo. The transport's driving: test_sync_transports.py."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import socket
 from typing import Any
 
 import pytest
 import torch
-from test_rollout_manager_weights import bare_manager, record_requests
-from test_weight_sync_ipc import _spec
 
-from rljob_runtime.rollout.manager import RolloutManager
-from rljob_runtime.rollout.weight_updates import WeightUpdate
-from rljob_runtime.sync import WeightSync
 from rljob_runtime.sync.nccl import (
     BucketSpec,
     NcclSender,
@@ -49,6 +44,15 @@ def test_buckets_pack_and_unpack_bit_exactly() -> None:
             assert view.dtype == named[name].dtype and torch.equal(view, named[name])
     one = bucket_specs(named.items(), max_bytes=1 << 20)
     assert [s.names for s in one] == [("emb", "w"), ("norm",), ("step",)]  # order kept within a dtype
+
+
+def test_pack_casts_to_the_planned_dtype() -> None:
+    named = {"w": torch.randn(4, 3), "ids": torch.arange(3)}
+    specs = bucket_specs(named.items(), max_bytes=1 << 20, cast=torch.bfloat16)
+    assert [(s.names, s.dtypes) for s in specs] == [(("w",), ("bfloat16",)), (("ids",), ("int64",))]
+    flat = pack([named["w"]], [torch.bfloat16])
+    ((_, view),) = unpack(flat, specs[0])
+    assert view.dtype == torch.bfloat16 and torch.equal(view, named["w"].to(torch.bfloat16))
 
 
 def test_unpack_refuses_a_bucket_of_the_wrong_size_or_alignment() -> None:
@@ -107,118 +111,3 @@ def test_a_two_process_group_moves_every_bucket_in_order() -> None:
     assert got == want
     with pytest.raises(ValueError, match="rank 0"):
         NcclSender(type("G", (), {"rank": 1})())  # type: ignore[arg-type]
-
-
-# ------------------------------------------------------------------------------ WeightSync driving
-
-
-class FakeTrainer:
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    def weight_group_address(self) -> tuple[str, int]:
-        return "10.0.0.1", 1234
-
-    def init_weight_update_group(self, address: str, port: int, world: int, name: str, backend: str) -> str:
-        self.calls.append(("init", world, name, backend))
-        return "init-ref"
-
-    def close_weight_update_group(self) -> None:
-        self.calls.append(("close",))
-
-    def weight_bucket_specs(self, max_bytes: int) -> list[BucketSpec]:
-        self.calls.append(("specs", max_bytes))
-        return [BucketSpec(("a",), ("float32",), ((4,),)), BucketSpec(("b",), ("bfloat16",), ((2,),))]
-
-    def broadcast_weights(self, specs: list[BucketSpec]) -> list[str]:
-        self.calls.append(("send", [s.names for s in specs]))
-        return ["send-ref"]
-
-    def wait(self, refs: list[str]) -> list[Any]:
-        self.calls.append(("wait", refs))
-        return [{"bytes": 20}] if refs == ["send-ref"] else [None]
-
-
-class FakeRollout:
-    def __init__(self) -> None:
-        self.membership_epoch = 0
-        self.calls: list[Any] = []
-        self.fail = False
-
-    def weight_group_world_size(self) -> int:
-        return 3
-
-    def join_weights_update_group(self, address: str, port: int, world: int, name: str, backend: str) -> int:
-        self.calls.append(("join", address, port, world, name))
-        return self.membership_epoch
-
-    def leave_weights_update_group(self, name: str) -> None:
-        self.calls.append(("leave", name))
-
-    def update_weights_from_distributed(self, bodies: list[dict[str, Any]], version: int) -> str:
-        self.calls.append(
-            ("update", [b["names"] for b in bodies], [b["group_name"] for b in bodies], version)
-        )
-        if self.fail:
-            raise RuntimeError("engine refused")
-        return str(version)
-
-
-def test_the_group_is_built_once_rebuilt_after_a_relaunch_and_after_a_failure() -> None:
-    sync = WeightSync(_spec(colocate=False), single_node=True, bucket_bytes=99)
-    assert sync.transport == "nccl"
-    trainer, rollout = FakeTrainer(), FakeRollout()
-    first = sync.push(trainer, rollout, version=1)
-    assert trainer.calls == [
-        ("init", 3, "rljob-weights-1", "nccl"),
-        ("wait", ["init-ref"]),
-        ("specs", 99),
-        ("send", [("a",), ("b",)]),
-        ("wait", ["send-ref"]),
-    ]
-    assert rollout.calls == [
-        ("join", "10.0.0.1", 1234, 3, "rljob-weights-1"),
-        ("update", [["a"], ["b"]], ["rljob-weights-1"] * 2, 1),
-    ]
-    assert first["sync/bytes"] == 20 and first["sync/buckets"] == 2 and first["time/sync_group_init"] > 0
-    trainer.calls.clear()
-    rollout.calls.clear()
-    assert sync.push(trainer, rollout, version=2)["time/sync_group_init"] == 0.0
-    assert [c[0] for c in trainer.calls] == ["send", "wait"]  # same group, specs cached
-
-    rollout.membership_epoch = 1  # an engine was relaunched
-    rollout.calls.clear()
-    sync.push(trainer, rollout, version=3)
-    assert rollout.calls[:2] == [
-        ("leave", "rljob-weights-1"),
-        ("join", "10.0.0.1", 1234, 3, "rljob-weights-2"),
-    ]
-
-    rollout.fail = True
-    with pytest.raises(RuntimeError, match="engine refused"):
-        sync.push(trainer, rollout, version=4)
-    rollout.fail = False
-    rollout.calls.clear()
-    sync.push(trainer, rollout, version=5)
-    assert rollout.calls[:2] == [
-        ("leave", "rljob-weights-2"),
-        ("join", "10.0.0.1", 1234, 3, "rljob-weights-3"),
-    ]
-
-
-def test_manager_sends_one_distributed_request_per_bucket_then_continues() -> None:
-    manager, _ = bare_manager()
-    posted = record_requests(manager)
-    bodies = tuple(BucketSpec((n,), ("float32",), ((2,),)).body("g") for n in ("a", "b"))
-    update = WeightUpdate("distributed", "9", buckets=bodies)
-    asyncio.run(RolloutManager._update_engine(manager, "http://e", update))
-    assert [p for p, _ in posted] == [
-        "/pause_generation",
-        "/flush_cache",
-        "/update_weights_from_distributed",
-        "/update_weights_from_distributed",
-        "/continue_generation",
-    ]
-    first, last = posted[2][1], posted[3][1]
-    assert first["names"] == ["a"] and "weight_version" not in first
-    assert last["names"] == ["b"] and last["weight_version"] == "9"

@@ -17,6 +17,12 @@ from typing import Any
 _ITER = re.compile(r"^iter_(\d{7})$")
 COMPLETE = "complete"
 DRIVER_STATE = "driver.json"
+MODEL_DIR = "model"  # the policy as a Hugging Face directory (what engines of a resumed run load)
+
+
+def model_dir(directory: str | Path) -> Path:
+    """The HF export inside one iteration's directory."""
+    return Path(directory) / MODEL_DIR
 
 
 def iteration_dir(root: str | Path, step: int) -> Path:

@@ -83,6 +83,43 @@ def engine_command(
     return [sys.executable, "-m", "sglang.launch_server", *args]
 
 
+def base_gpu_id(ray_gpu_ids: list[Any], visible: str | None) -> int:
+    """SGLang's ``--base-gpu-id``: the bundle's GPU as an index into the devices the server sees.
+    Ray names GPUs by their ids in the node's CUDA_VISIBLE_DEVICES (when the node restricts it, the
+    server inherits that list, so the id's position in it is the index); otherwise id = index."""
+    if not ray_gpu_ids:
+        return 0
+    gpu = str(ray_gpu_ids[0])
+    listed = [d.strip() for d in visible.split(",")] if visible else []
+    if listed and gpu in listed:
+        return listed.index(gpu)
+    return int(gpu)
+
+
+def with_cudart_dir(ld_library_path: str) -> str:
+    """``ld_library_path`` with the directory of torch's CUDA runtime library first (if found)."""
+    found = cudart_dir()
+    if found is None or found in ld_library_path.split(":"):
+        return ld_library_path
+    return f"{found}:{ld_library_path}" if ld_library_path else found
+
+
+def cudart_dir() -> str | None:
+    """Where torch's libcudart.so.* lies: the nvidia runtime wheel's lib directory (cu12 or cu13
+    layout), or torch/lib."""
+    import importlib.util
+
+    roots = []
+    for package in ("nvidia", "torch"):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(Path(p) for p in spec.submodule_search_locations)
+    for root in roots:
+        for candidate in sorted(root.glob("**/lib/libcudart.so*")):
+            return str(candidate.parent)
+    return None
+
+
 def actor_options(slot: Any, *, colocated: bool, device: str) -> dict[str, Any]:
     """Ray options that pin an ``EngineActor`` to ``slot`` (a ``placement.Slot``)."""
     fraction = COLOCATED_FRACTION if colocated else 1.0
@@ -161,8 +198,7 @@ class EngineProcess:
     def _base_gpu_id(self) -> int:
         if self.device != "cuda" or not ray.is_initialized():
             return 0
-        ids = ray.get_gpu_ids()
-        return int(ids[0]) if ids else 0
+        return base_gpu_id(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def _command(self, model_path: str, port: int) -> list[str]:
         return engine_command(
@@ -182,6 +218,10 @@ class EngineProcess:
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.kind == "sglang" and self.enable_memory_saver:
+            # torch_memory_saver's LD_PRELOAD hook needs torch's libcudart on the loader path at exec
+            # time; without it SGLang's scheduler exits with 127 (shared/tools/sglang-kit/README.md)
+            env["LD_LIBRARY_PATH"] = with_cudart_dir(env.get("LD_LIBRARY_PATH", ""))
         if self.device == "cpu":
             # active OpenMP waiting collapses on shared cores (docs/runtime-env.md); must precede torch
             env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -281,6 +321,13 @@ class EngineProcess:
 
     def log_tail(self, chars: int = 3000) -> str:
         return procs.log_tail(self._log, chars)
+
+    def gpu_memory_gb(self) -> float:
+        """GPU memory held by the server's processes (its process group), from NVML; -1 if unknown
+        (no NVML, or PIDs NVML cannot see, as in some containers)."""
+        if self.device != "cuda" or self._proc is None or self._proc.poll() is not None:
+            return 0.0
+        return procs.group_gpu_memory_gb(self._proc.pid)
 
     def __repr__(self) -> str:
         return f"EngineProcess({json.dumps(self.info())})"

@@ -1,4 +1,5 @@
-"""The hf server's weight endpoints (``HFServer`` mixes them in): the version, the loads (from disk, as
+"""The hf server's weight endpoints (``HFServer`` mixes them in; the version is read from
+``/model_info``, as in SGLang 0.5.16, which answers 404 to ``/get_weight_version``): the loads (from disk, as
 tensors in our CPU format or CUDA IPC buckets, from the trainer's NCCL broadcast), the weight-update
 group's lifecycle and the exact checksums. Every load runs on the server's one engine thread, after
 the batch that is running, and answers with its own phase timings (``timings_ms``, ours)."""
@@ -60,9 +61,6 @@ class WeightEndpoints:
 
     def _abort(self, rid: str | None) -> int:
         raise NotImplementedError
-
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.weight_version})
 
     async def _run_update(
         self, fn: Any, weight_version: str | None, timings: dict[str, float] | None = None
@@ -244,7 +242,6 @@ class WeightEndpoints:
         return web.json_response({"success": True, "message": f"left weight-update group {name!r}"})
 
     def add_weight_routes(self, r: web.UrlDispatcher) -> None:
-        r.add_get("/get_weight_version", self.get_weight_version)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
         r.add_post("/update_weight_version", self.update_weight_version)

@@ -10,6 +10,10 @@ Requests that were on the dead engine fail and are retried through the router on
 (``generate.RetryPolicy``), so no sample is lost. Every replacement (and every failed relaunch)
 counts against ``faultTolerance.maxEngineRestarts``; one more failure than that fails the run with
 ``EngineRestartsExhausted``, raised by the next (or the current) manager call.
+
+Weight updates are the transports' (``sync/``): they open ``updating(version)`` (``engine_update``)
+and post their own requests. A relaunched engine is brought to the current version by ``refresher``
+(the driver's transport), so no copy of the weights is kept here.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -33,10 +37,10 @@ from ..data.sample import Sample
 from . import protocol
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options
+from .engine_update import EngineUpdate
 from .errors import EngineGone, EngineRestartsExhausted, RolloutError, WeightUpdateError
 from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
 from .router import Router
-from .weight_updates import NamedTensors, WeightUpdate, WeightUpdates
 
 log = logging.getLogger("rljob.rollout.manager")
 
@@ -66,12 +70,19 @@ class Engine:
     state: EngineState = "serving"
     restarts: int = 0
     last_replacement_s: float | None = None  # failed check -> registered again
+    tp_size: int = 1
+    pending_url: str | None = None  # a relaunched server's URL until it is registered
     health_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # held by a health check's request and by memory release/resume: SGLang refuses (asserts) a
+    # release while any request, a health check's one-token generation included, is running
+    busy: asyncio.Lock | None = field(default=None, repr=False)
 
 
-class RolloutManager(WeightUpdates):
-    """Engines + router + health checks (+ the weight updates of ``WeightUpdates``); see the module
-    docstring."""
+Refresher = Callable[[str], None]  # brings the relaunched engine at this URL to the current weights
+
+
+class RolloutManager:
+    """Engines + router + health checks + the frame of weight updates; see the module docstring."""
 
     def __init__(
         self,
@@ -80,7 +91,7 @@ class RolloutManager(WeightUpdates):
         router: Router,
         engines: list[Engine],
         actor_kwargs: Callable[[int], dict[str, Any]],
-        weights_provider: Callable[[], NamedTensors] | None = None,
+        refresher: Refresher | None = None,
         health: HealthCheck | None = None,
         retry: RetryPolicy | None = None,
         concurrency: int = 64,
@@ -91,14 +102,13 @@ class RolloutManager(WeightUpdates):
         self.router = router
         self.engines = engines
         self._actor_kwargs = actor_kwargs
-        self.weights_provider = weights_provider
+        self.refresher = refresher
         self.health = health or HealthCheck.from_spec(spec)
         self.retry = retry or RetryPolicy()
         self.concurrency = concurrency
         self.max_restarts = int(spec.fault_tolerance.max_engine_restarts)
         self.restarts = 0
         self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
-        self._last_update: WeightUpdate | None = None
         # bumped whenever an engine is relaunched: a weight-update group joined before is stale then
         self.membership_epoch = 0
         self._fatal: BaseException | None = None
@@ -114,6 +124,8 @@ class RolloutManager(WeightUpdates):
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-manager", daemon=True)
         self._thread.start()
         self._weights_lock: asyncio.Lock = self._call(self._make_lock())
+        for engine in engines:
+            engine.busy = self._call(self._make_lock())
         self._session: aiohttp.ClientSession | None = None
         atexit.register(self.shutdown)
         if self.health.enabled:
@@ -129,17 +141,19 @@ class RolloutManager(WeightUpdates):
         model_path: str | Path,
         placement: Any,
         *,
-        weights_provider: Callable[[], NamedTensors] | None = None,
+        refresher: Refresher | None = None,
         health: HealthCheck | None = None,
         retry: RetryPolicy | None = None,
         concurrency: int = 64,
         log_dir: str | Path | None = None,
         startup_timeout_s: float = 600.0,
+        weights_path: str | Path | None = None,
     ) -> RolloutManager:
         """Start the router and one ``EngineActor`` per engine (``placement.engine_slots()``), registered.
 
-        ``weights_provider`` (optional) returns the current named tensors; it is called when a dead
-        engine is relaunched after an update from tensors (else the manager replays the last update).
+        ``refresher`` (optional, may be set later) brings a relaunched engine to the current weights.
+        ``weights_path``: an HF directory the engines load instead of ``model_path`` (a resumed run's
+        checkpoint export); relaunched engines load ``model_path`` and are refreshed.
         """
         rollout, resources = spec.rollout, spec.resources
         device = resources.device
@@ -170,7 +184,8 @@ class RolloutManager(WeightUpdates):
         ]
         router: Router | None = None
         try:
-            urls = ray.get([actor.start.remote() for actor in actors])
+            start_path = str(weights_path) if weights_path is not None else None
+            urls = ray.get([actor.start.remote(start_path) for actor in actors])
             router = Router.start(
                 policy=rollout.router.policy, log_dir=Path(log_dir) / "router" if log_dir else None
             )
@@ -183,7 +198,7 @@ class RolloutManager(WeightUpdates):
                 _kill_actor(actor)
             raise
         engines = [
-            Engine(index, slot, actor, url)
+            Engine(index, slot, actor, url, tp_size=placement.gpus_per_engine)
             for index, (slot, actor, url) in enumerate(zip(first_slots, actors, urls, strict=True))
         ]
         return cls(
@@ -191,7 +206,7 @@ class RolloutManager(WeightUpdates):
             router=router,
             engines=engines,
             actor_kwargs=actor_kwargs,
-            weights_provider=weights_provider,
+            refresher=refresher,
             health=health,
             retry=retry,
             concurrency=concurrency,
@@ -362,22 +377,34 @@ class RolloutManager(WeightUpdates):
             # an update or a memory release may have begun while we waited: not a death
             if problem is None or engine.state != "serving" or self._health_paused:
                 continue
-            await self._replace(engine, problem)
+            await self._start_replacement(engine, problem)
 
     async def _check(self, engine: Engine) -> str | None:
-        try:
-            status, answer = await self._engine_request(
-                engine.url, "GET", "/health_generate", timeout=self.health.timeout_s
-            )
-        except EngineGone as exc:
-            return str(exc)
+        """``/health_generate`` unless a memory release or resume holds the engine (then: healthy)."""
+        assert engine.busy is not None
+        if engine.busy.locked():
+            return None
+        async with engine.busy:
+            try:
+                status, answer = await self._engine_request(
+                    engine.url, "GET", "/health_generate", timeout=self.health.timeout_s
+                )
+            except EngineGone as exc:
+                return str(exc)
         return None if status == 200 else f"/health_generate answered {status}: {answer}"
 
-    def _start_replacement(self, engine: Engine, reason: str) -> None:
+    def _start_replacement(self, engine: Engine, reason: str) -> asyncio.Task[None]:
         engine.state = "replacing"
         task = asyncio.create_task(self._replace(engine, reason, claimed=True))
         self._replacements.add(task)  # keep a reference until it is done
         task.add_done_callback(self._replacements.discard)
+        return task
+
+    async def _settle(self) -> None:
+        """Wait for replacements in progress (a relaunched engine holds GPU memory and asks the trainer
+        for weights: neither may overlap the trainer's turn)."""
+        while self._replacements:
+            await asyncio.gather(*list(self._replacements), return_exceptions=True)
 
     async def _replace(self, engine: Engine, reason: str, *, claimed: bool = False) -> None:
         """Deregister, kill, relaunch on the same bundle, push current weights, register."""
@@ -400,10 +427,11 @@ class RolloutManager(WeightUpdates):
                     )
                 try:
                     url = await self._relaunch(engine)
+                    engine.pending_url = url
                     async with self._weights_lock:  # an update in progress finishes first; we push the newest
-                        await self._push_current_weights(url)
+                        await self._push_current_weights(url, engine.index)
                         await asyncio.to_thread(self.router.add_worker, url)
-                        engine.url = url
+                        engine.url, engine.pending_url = url, None
                         engine.state = "serving"
                         engine.last_replacement_s = time.monotonic() - began
                         self.membership_epoch += 1
@@ -450,24 +478,151 @@ class RolloutManager(WeightUpdates):
     def _live(self) -> list[Engine]:
         return [e for e in self.engines if e.state in ("serving", "updating")]
 
+    async def _push_current_weights(self, url: str, index: int) -> None:
+        """Bring a relaunched engine (not yet registered) to the current weight version."""
+        if self.weight_version == protocol.DEFAULT_WEIGHT_VERSION:
+            return  # never updated: the relaunched engine loaded the initial weights
+        if self.refresher is None:
+            raise WeightUpdateError(
+                f"engine {index} was relaunched with the initial weights and nothing can bring it to "
+                f"version {self.weight_version} (no refresher)"
+            )
+        await asyncio.to_thread(self.refresher, url)
+
+    # ---- weight updates: the frame; the transfer is the transport's (sync/) ------------------------
+
+    @contextlib.contextmanager
+    def updating(
+        self, version: int | str | None = None, *, only: str | None = None
+    ) -> Iterator[EngineUpdate]:
+        """One weight update of every serving engine (``engine_update``); the new version is this
+        manager's once the block ends without error. ``only``: the relaunched engine at that URL,
+        brought to the current version (called by ``refresher`` while the replacement holds the lock)."""
+        self._raise_if_failed()
+        if only is not None:
+            fresh = EngineUpdate(self, [only], {only: self._relaunching(only).tp_size}, fresh=True)
+            yield fresh
+            self._call(fresh.end(self.weight_version))
+            return
+        new = self._next_version(version)
+        self._call(self._weights_lock.acquire())
+        engines: list[Engine] = []
+        update: EngineUpdate | None = None
+        try:
+            engines = [e for e in self.engines if e.state == "serving"]
+            for engine in engines:
+                engine.state = "updating"
+            update = EngineUpdate(
+                self, [e.url for e in engines], {e.url: e.tp_size for e in engines}, fresh=False
+            )
+            self._call(update.begin())
+            try:
+                yield update
+            except BaseException:
+                self._call(update.end(None))  # generation goes on with the old weights
+                raise
+            self._call(update.end(new))
+            self.weight_version = new
+        finally:
+            self._call(self._after_update(engines, update))
+        self._raise_if_failed()
+
+    def _relaunching(self, url: str) -> Engine:
+        """The engine a replacement is bringing up at ``url`` (not yet its ``Engine.url``)."""
+        for engine in self.engines:
+            if engine.state == "replacing" and engine.pending_url == url:
+                return engine
+        raise RolloutError(f"no engine is being brought up at {url}")
+
+    async def _after_update(self, engines: list[Engine], update: EngineUpdate | None) -> None:
+        lost = update.lost if update is not None else {}
+        for engine in engines:
+            if engine.url in lost:
+                # dead mid-update: its replacement (after we release the lock) gets the new version
+                self._start_replacement(engine, f"weight update failed: {lost[engine.url]}")
+            elif engine.state == "updating":
+                engine.state = "serving"
+        self._weights_lock.release()
+
+    def _next_version(self, version: int | str | None) -> str:
+        if version is not None:
+            return str(version)
+        current = self.weight_version
+        return str(int(current) + 1) if current.isdigit() else "1"
+
+    async def _wait_idle(self, url: str, attempts: int, backoff_s: float) -> None:
+        """``/flush_cache`` until it answers 200: SGLang refuses it while requests run or wait."""
+        for _ in range(attempts):
+            status, _answer = await self._engine_request(url, "GET", "/flush_cache", timeout=30)
+            if status == 200:
+                return
+            await asyncio.sleep(backoff_s)
+        raise WeightUpdateError(f"{url}/flush_cache still refused after {attempts * backoff_s:.0f} s")
+
+    def set_weight_version(self, version: int | str) -> None:
+        """Label the engines' current weights (a resumed run's engines loaded its checkpoint)."""
+        self._raise_if_failed()
+        self.weight_version = str(version)
+        body = protocol.update_weight_version_body(self.weight_version)
+        self._call(self._all_live("POST", "/update_weight_version", lambda _url: body))
+
+    def engine_tp_sizes(self) -> dict[str, int]:
+        """URL -> TP ranks of every serving engine (each TP rank is one member of a weight group)."""
+        return {e.url: e.tp_size for e in self.engines if e.state == "serving"}
+
+    def call_engines(self, path: str, bodies: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+        """POST ``bodies[url]`` to each engine at once (e.g. joining a weight-update group, which blocks
+        until every member joined); the answers, or the exception each raised."""
+        return self._call(self._post_many(path, bodies))
+
+    async def _post_many(self, path: str, bodies: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+        urls = list(bodies)
+        answers = await asyncio.gather(
+            *(self._expect(u, "POST", path, bodies[u]) for u in urls), return_exceptions=True
+        )
+        return dict(zip(urls, answers, strict=True))
+
+    async def _expect(self, url: str, method: str, path: str, body: Any) -> Any:
+        status, answer = await self._engine_request(url, method, path, body)
+        if status != 200 or (isinstance(answer, dict) and answer.get("success") is False):
+            raise WeightUpdateError(f"{method} {url}{path}: HTTP {status} {answer}")
+        return answer
+
+    async def _all_live(self, method: str, path: str, body: Callable[[str], Any]) -> None:
+        await asyncio.gather(*(self._expect(e.url, method, path, body(e.url)) for e in self._live()))
+
     # ---- colocated memory ------------------------------------------------------------------------
 
     def release_memory(self) -> None:
-        """Colocated engines free their GPU memory for the trainer; health checks pause meanwhile."""
+        """Colocated engines free their GPU memory (weights, KV cache, CUDA graphs) for the trainer.
+        Replacements in progress finish first; each engine is idle (flushed) and not health-checked
+        when it releases; health checks stay paused until ``resume_memory`` brought the KV cache back."""
         self._raise_if_failed()
         self._health_paused = True
-        self._call(self._all_engines("/release_memory_occupation", [None]))
-
-    def resume_memory(self) -> None:
-        """Weights first, then KV cache and CUDA graphs (SGLang's order); health checks resume."""
+        self._call(self._settle())
         self._raise_if_failed()
-        self._call(self._all_engines("/resume_memory_occupation", [["weights"], ["kv_cache", "cuda_graph"]]))
-        self._health_paused = False
+        self._call(self._each_engine_held("/release_memory_occupation", [None], idle_first=True))
 
-    async def _all_engines(self, path: str, tag_sets: Sequence[Sequence[str] | None]) -> None:
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """``tags`` None: weights, then KV cache and CUDA graphs (SGLang's order), and health checks
+        resume. ``["weights"]``: only the weights (a colocated sync writes them before the KV cache
+        comes back); ``["kv_cache", "cuda_graph"]``: the rest, and health checks resume."""
+        self._raise_if_failed()
+        tag_sets = [["weights"], ["kv_cache", "cuda_graph"]] if tags is None else [list(tags)]
+        self._call(self._each_engine_held("/resume_memory_occupation", tag_sets, idle_first=False))
+        if tags is None or "kv_cache" in tags:
+            self._health_paused = False
+
+    async def _each_engine_held(
+        self, path: str, tag_sets: Sequence[Sequence[str] | None], *, idle_first: bool
+    ) -> None:
         async def one(engine: Engine) -> None:
-            for tags in tag_sets:
-                await self._expect(engine.url, "POST", path, protocol.memory_occupation_body(tags))
+            assert engine.busy is not None
+            async with engine.busy:  # no health check's generation runs meanwhile
+                if idle_first:
+                    await self._wait_idle(engine.url, 120, 0.5)
+                for tags in tag_sets:
+                    await self._expect(engine.url, "POST", path, protocol.memory_occupation_body(tags))
 
         await asyncio.gather(*(one(e) for e in self._live()))
 
@@ -486,6 +641,10 @@ class RolloutManager(WeightUpdates):
             {**info, "state": e.state, "restarts": e.restarts}
             for e, info in zip(self.engines, infos, strict=True)
         ]
+
+    def engine_gpu_memory_gb(self) -> list[float]:
+        """GPU memory each engine's server holds (GB; -1 where NVML cannot tell)."""
+        return [float(x) for x in ray.get([e.actor.gpu_memory_gb.remote() for e in self.engines])]
 
     def kill_engine_process(self, index: int) -> None:
         """Hard-kill engine ``index``'s server (fault injection for tests and drills)."""

@@ -84,3 +84,38 @@ def log_tail(path: Path | None, chars: int = 3000) -> str:
         return ""
     data = path.read_bytes()[-chars:]
     return data.decode(errors="replace")
+
+
+def group_pids(pgid: int) -> set[int]:
+    """PIDs of the processes in process group ``pgid`` (an engine server and its workers)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    pids.add(int(entry.name))
+    return pids
+
+
+def group_gpu_memory_gb(pgid: int) -> float:
+    """GPU memory (GB, every device) held by process group ``pgid``, from NVML; -1 when NVML is
+    missing or sees none of the group's PIDs (a container may show NVML other PIDs)."""
+    try:
+        import pynvml
+    except ImportError:
+        return -1.0
+    pids = group_pids(pgid)
+    try:
+        pynvml.nvmlInit()
+        try:
+            used, seen = 0, False
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if process.pid in pids:
+                        used, seen = used + int(process.usedGpuMemory or 0), True
+            return used / 1e9 if seen else -1.0
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return -1.0

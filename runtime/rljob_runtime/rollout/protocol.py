@@ -76,6 +76,10 @@ REQUEST_BODIES: dict[str, tuple[str, frozenset[str]]] = {
         ),
     ),
     "/destroy_weights_update_group": ("DestroyWeightsUpdateGroupReqInput", frozenset({"group_name"})),
+    "/update_weight_version": (
+        "UpdateWeightVersionReqInput",
+        frozenset({"new_version", "abort_all_requests"}),
+    ),
     "/release_memory_occupation": ("ReleaseMemoryOccupationReqInput", frozenset({"tags"})),
     "/resume_memory_occupation": ("ResumeMemoryOccupationReqInput", frozenset({"tags"})),
 }
@@ -240,6 +244,11 @@ def update_weights_from_distributed_body(
         "flush_cache": flush_cache,
         **_drop_none({"weight_version": weight_version, "load_format": load_format}),
     }
+
+
+def update_weight_version_body(version: str, *, abort_all_requests: bool = False) -> dict[str, Any]:
+    """``/update_weight_version``: label the weights an engine serves (samples report it)."""
+    return {"new_version": str(version), "abort_all_requests": abort_all_requests}
 
 
 def destroy_weights_update_group_body(group_name: str) -> dict[str, Any]:

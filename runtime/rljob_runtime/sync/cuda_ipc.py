@@ -1,15 +1,25 @@
 """Colocated weight sync by CUDA IPC: the trainer shares flattened GPU buckets, the engine copies.
 
-Wire format (one ``/update_weights_from_tensor`` request per bucket, ``load_format:
-"flattened_bucket"``, ``serialized_named_tensors`` one string per TP rank as in SGLang): base64 of a ``ForkingPickler`` pickle (the encoding of SGLang's
-``MultiprocessingSerializer``) of ``{"flattened_tensor": <CUDA tensor>, "metadata": [...]}``, where
-torch's CUDA reduction turns the tensor into an IPC memory handle plus offsets (no data travels).
-``rollout/protocol.py`` tells it from our CPU format (a ``torch.save`` zip) by its first bytes.
+Wire format: SGLang's ``/update_weights_from_tensor`` with ``load_format: "flattened_bucket"``; each
+string of ``serialized_named_tensors`` (one per TP rank of the engine) is what SGLang's
+``MultiprocessingSerializer.serialize(obj, output_str=True)`` writes: the base64 of a
+``ForkingPickler`` pickle of ``{"flattened_tensor": <CUDA uint8 tensor>, "metadata": [...]}`` in
+SGLang's bucket layout (``buckets.py``). torch's CUDA reduction turns the tensor into an IPC memory
+handle plus offsets; no data travels. Two codecs fill ``metadata``:
 
-Lifetime: the producer (``IpcProducer``, in the trainer rank's process) keeps every bucket alive
-until the driver says the engines have answered; the engine copies into its own parameters and
-synchronizes before answering, so freeing afterwards is safe. The pickle is read with an unpickler
-that only rebuilds CUDA tensors (no arbitrary globals from an HTTP body).
+- ``sglang``: SGLang's own ``FlattenedTensorMetadata`` objects (its weight updater reads their
+  attributes; its ``SafeUnpickler`` admits that module), pickled after SGLang's
+  ``monkey_patch_torch_reductions``, which names the producer's GPU by UUID so an engine that sees
+  another set of devices opens the handle on the right one. Imports SGLang, which the runtime image
+  has wherever engines are SGLang.
+- ``rljob``: plain dicts, for our ``hf`` engine (no SGLang needed); ``rollout/protocol.py`` tells the
+  payload from our CPU format (a ``torch.save`` zip) by its first bytes.
+
+Lifetime: the producer (``IpcProducer``, in trainer rank 0's process) keeps a bucket until the
+engines answered its request and at most two buckets at once (one loading, the next one being
+flattened), so a sync needs two buckets of GPU memory, not the model's size. The engine copies into
+its parameters before answering; torch keeps a shared block from being reused while a consumer
+still holds it. The ``rljob`` payload is read with an unpickler that only rebuilds CUDA tensors.
 """
 
 from __future__ import annotations
@@ -19,30 +29,57 @@ import contextlib
 import io
 import os
 import pickle
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Literal
 
 import torch
-import torch.multiprocessing  # registers torch's CUDA tensor reductions for pickling)
+import torch.multiprocessing  # registers torch's CUDA tensor reductions for pickling
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-from .buckets import Bucket, flatten_buckets, unflatten_bucket
+from .buckets import Bucket, flatten_bucket, torch_dtype, unflatten_bucket
 
+Codec = Literal["sglang", "rljob"]
 PICKLE_PREFIX = b"\x80"  # pickle protocol >= 2; torch.save writes a zip ("PK")
-# Larger than the NCCL buckets (DEFAULT_BUCKET_BYTES): all of one sync's IPC buckets are alive at
-# once anyway (shared, copied by the engines, then released together), so a larger bucket costs no
-# memory, and each bucket is one HTTP request plus an IPC handle opened and closed on the engine
-# (about 1.5 ms together on an H200). A 4B model: 194 GB/s with 1 GiB buckets, 244 GB/s with 2 GiB
-# (docs/BENCHMARKS.md, session 5).
-IPC_BUCKET_BYTES = 2 << 30
+# Two buckets live at once (``IpcProducer``): 1 GiB each keeps a sync within 2 GiB of GPU memory,
+# which colocated runs lack. Larger buckets mean fewer requests (each costs the engine a few ms).
+IPC_BUCKET_BYTES = 1 << 30
 
 
-def encode_bucket(bucket: Bucket) -> str:
-    """IPC handle + metadata of a CUDA bucket, as a string for ``serialized_named_tensors``."""
+def _sglang_metadata(metadata: list[dict[str, Any]]) -> list[Any]:
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    return [
+        FlattenedTensorMetadata(
+            name=m["name"],
+            shape=torch.Size(m["shape"]),
+            dtype=torch_dtype(m["dtype"]),
+            start_idx=m["start_idx"],
+            end_idx=m["end_idx"],
+            numel=m["numel"],
+        )
+        for m in metadata
+    ]
+
+
+def patch_reductions_for_sglang() -> None:
+    """SGLang's own patch (idempotent): CUDA tensors pickle their device as a UUID."""
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()
+
+
+def encode_bucket(bucket: Bucket, codec: Codec = "rljob") -> str:
+    """IPC handle + metadata of a CUDA bucket, as one string of ``serialized_named_tensors``."""
     if not bucket.flat.is_cuda:
         raise ValueError("CUDA IPC needs a CUDA bucket")
-    data = ForkingPickler.dumps({"flattened_tensor": bucket.flat, "metadata": bucket.metadata})
+    metadata: list[Any] = bucket.metadata
+    if codec == "sglang":
+        patch_reductions_for_sglang()
+        metadata = _sglang_metadata(bucket.metadata)
+    elif codec != "rljob":
+        raise ValueError(f"unknown IPC codec {codec!r}: sglang or rljob")
+    data = ForkingPickler.dumps({"flattened_tensor": bucket.flat, "metadata": metadata})
     return base64.b64encode(bytes(data)).decode("ascii")
 
 
@@ -66,7 +103,7 @@ def is_ipc_payload(raw: bytes) -> bool:
 
 
 def decode_bucket(raw: bytes) -> list[tuple[str, torch.Tensor]]:
-    """Open the producer's bucket (no copy) and return named views into it."""
+    """Open the producer's bucket (no copy) and return named views into it (``rljob`` codec)."""
     payload = _CudaTensorUnpickler(io.BytesIO(raw)).load()
     if not isinstance(payload, dict) or not isinstance(payload.get("flattened_tensor"), torch.Tensor):
         raise ValueError("a CUDA IPC payload is {'flattened_tensor': tensor, 'metadata': [...]}")
@@ -101,30 +138,34 @@ def plain_segments(environ: Mapping[str, str] = os.environ) -> Iterator[None]:
 
 
 class IpcProducer:
-    """Trainer side: flatten, share, keep alive until ``release``."""
+    """Trainer side of one sync: the bucket plan, then one shared bucket at a time, at most two alive."""
 
-    def __init__(self) -> None:
-        self._alive: list[Bucket] = []
+    def __init__(
+        self, plan: list[list[tuple[str, torch.Tensor]]], codec: Codec, cast: torch.dtype | None
+    ) -> None:
+        self.plan, self.codec, self.cast = plan, codec, cast
+        self._alive: dict[int, Bucket] = {}
+        self.nbytes = 0
 
-    def share(
-        self, named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = IPC_BUCKET_BYTES
-    ) -> list[str]:
-        """One payload string per bucket; the buckets stay allocated until ``release``."""
-        self.release()
+    def share(self, index: int) -> str:
+        """Flatten bucket ``index`` and return its payload. Asked for only after the engines answered
+        bucket ``index - 2``, which is freed here: two buckets live at once, one loading, one new."""
+        self._alive.pop(index - 2, None)
         with torch.no_grad(), plain_segments():
-            buckets = flatten_buckets(named, max_bytes)
-        if not all(b.flat.is_cuda for b in buckets):
+            bucket = flatten_bucket(self.plan[index], self.cast)
+        if not bucket.flat.is_cuda:
             raise ValueError("CUDA IPC needs CUDA tensors")
         # the engine reads on its own stream: the flatten copies must be done first
         torch.cuda.synchronize()
-        self._alive = buckets
-        return [encode_bucket(b) for b in buckets]
+        self._alive[index] = bucket
+        self.nbytes += bucket.nbytes
+        return encode_bucket(bucket, self.codec)
 
     @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._alive)
+    def alive_bytes(self) -> int:
+        return sum(b.nbytes for b in self._alive.values())
 
     def release(self) -> None:
-        self._alive = []
+        self._alive.clear()
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()  # free blocks the engines have let go of

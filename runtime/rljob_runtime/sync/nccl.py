@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .buckets import DEFAULT_BUCKET_BYTES, plan_buckets
+from .buckets import DEFAULT_BUCKET_BYTES, dtype_name, plan_buckets, target_dtype, torch_dtype
 from .copy import copy_all
 
 
@@ -65,42 +65,36 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
-
-
 def bucket_specs(
-    named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
+    named: Iterable[tuple[str, torch.Tensor]],
+    max_bytes: int = DEFAULT_BUCKET_BYTES,
+    cast: torch.dtype | None = None,
 ) -> list[BucketSpec]:
-    """The buckets (one dtype each, at most ``max_bytes`` unless one tensor is larger) in send order."""
+    """The buckets (one dtype each, at most ``max_bytes`` unless one tensor is larger) in send order;
+    floating tensors travel as ``cast`` when given (``buckets.target_dtype``)."""
     return [
         BucketSpec(
             tuple(n for n, _ in items),
-            tuple(_dtype_name(t.dtype) for _, t in items),
+            tuple(dtype_name(target_dtype(t, cast)) for _, t in items),
             tuple(tuple(t.shape) for _, t in items),
         )
-        for items in plan_buckets(named, max_bytes)
+        for items in plan_buckets(named, max_bytes, cast)
     ]
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The tensors' bytes back to back in one new uint8 tensor (the sender's bucket)."""
-    total = sum(t.numel() * t.element_size() for t in tensors)
+def pack(tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype] | None = None) -> torch.Tensor:
+    """The tensors' bytes back to back in one new uint8 tensor (the sender's bucket), each cast to its
+    entry of ``dtypes`` (default: its own dtype) on the way."""
+    dtypes = list(dtypes) if dtypes is not None else [t.dtype for t in tensors]
+    total = sum(t.numel() * d.itemsize for t, d in zip(tensors, dtypes, strict=True))
     flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
     pairs, start = [], 0
-    for t in tensors:
-        size = t.numel() * t.element_size()
-        if start % t.element_size():
-            raise ValueError(f"byte offset {start} is not aligned for {t.dtype}")
-        # straight into the slice, viewed as the tensor's dtype and shape: no contiguous temporary
-        pairs.append((flat[start : start + size].view(t.dtype).view(t.shape), t.detach()))
+    for t, dtype in zip(tensors, dtypes, strict=True):
+        size = t.numel() * dtype.itemsize
+        if start % dtype.itemsize:
+            raise ValueError(f"byte offset {start} is not aligned for {dtype}")
+        # straight into the slice, viewed as the dtype and shape: no contiguous temporary
+        pairs.append((flat[start : start + size].view(dtype).view(t.shape), t.detach()))
         start += size
     copy_all(pairs)
     return flat
@@ -111,10 +105,10 @@ def unpack(flat: torch.Tensor, spec: BucketSpec) -> list[tuple[str, torch.Tensor
     if spec.nbytes != flat.numel():
         raise ValueError(f"bucket of {flat.numel()} bytes, its tensors need {spec.nbytes}")
     out, start = [], 0
-    for name, dtype_name, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
-        dtype = torch_dtype(dtype_name)
+    for name, travelling, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
+        dtype = torch_dtype(travelling)
         if start % dtype.itemsize:
-            raise ValueError(f"{name!r}: byte offset {start} is not aligned for {dtype_name}")
+            raise ValueError(f"{name!r}: byte offset {start} is not aligned for {travelling}")
         size = _numel(shape) * dtype.itemsize
         out.append((name, flat[start : start + size].view(dtype).view(tuple(shape))))
         start += size
@@ -215,7 +209,7 @@ class NcclSender:
         for i, spec in enumerate(specs):
             if i >= 2 and done[i - 2] is not None:
                 done[i - 2].synchronize()
-            flat = pack([named[n] for n in spec.names])
+            flat = pack([named[n] for n in spec.names], [torch_dtype(d) for d in spec.dtypes])
             self.group.broadcast(flat)
             sent += flat.numel()
             event = None
@@ -244,8 +238,8 @@ def receive_each(group: WeightUpdateGroup, spec: BucketSpec) -> list[tuple[str, 
     """SGLang's default (no ``load_format``): one broadcast per tensor, in the listed order
     (stream-ordered, as ``receive``)."""
     out = []
-    for name, dtype_name, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
-        tensor = torch.empty(shape, dtype=torch_dtype(dtype_name), device=group.device)
+    for name, travelling, shape in zip(spec.names, spec.dtypes, spec.shapes, strict=True):
+        tensor = torch.empty(shape, dtype=torch_dtype(travelling), device=group.device)
         group.broadcast(tensor, src=0)
         out.append((name, tensor))
     return out

@@ -49,6 +49,9 @@ def _gather(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
     return ray.get(refs)
 
 
+CONTROL_GROUP = "control"
+
+
 def rank_class(backend: str) -> type:
     """The rank class of a trainer backend (megatron's imports megatron-core only on its actors)."""
     if backend == "torch":
@@ -107,7 +110,8 @@ class TrainerGroup:
             raise ValueError("TrainerGroup.create: no trainer slots")
         if fraction is None:
             fraction = 0.5 if spec.resources.colocate else 1.0
-        remote_cls = ray.remote(rank_class(spec.training.backend))
+        # "control": calls that must run while the rank is busy (aborting a broadcast an engine died in)
+        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(rank_class(spec.training.backend))
         actors = []
         for rank, slot in enumerate(slots):
             options = dict(slot.options(fraction))
@@ -251,20 +255,23 @@ class TrainerGroup:
         """Rank 0's weights under HF names, CPU."""
         return self._from_rank0("named_tensors")
 
-    @property
-    def supports_cuda_ipc(self) -> bool:
-        """Both backends share their weights by CUDA IPC on GPUs (rank 0 holds the whole model)."""
-        return self.spec.resources.device == "cuda"
+    # ---- colocated sync: rank 0 shares CUDA IPC buckets (sync/ipc.py) ------------------------------
 
-    def share_weights_ipc(self, max_bucket_bytes: int) -> tuple[list[str], int]:
-        """IPC payloads and their bytes from rank 0 (its process keeps the buckets until
-        ``release_weights_ipc``)."""
-        return self._from_rank0("share_weights_ipc", max_bucket_bytes)
+    def begin_ipc(self, max_bucket_bytes: int, codec: str, cast: str | None) -> tuple[int, int]:
+        """Export and plan on the replica's ranks (a collective for megatron); (buckets, bytes)."""
+        return self._from_rank0("begin_ipc", max_bucket_bytes, codec, cast)
 
-    def release_weights_ipc(self) -> None:
-        _gather([self.actors[0].release_weights_ipc.remote()])
+    def ipc_bucket_async(self, index: int) -> Any:
+        """A ref to bucket ``index``'s payload, shared by rank 0 (which frees bucket ``index - 2``)."""
+        return self.actors[0].ipc_bucket.remote(index)
 
-    # ---- disaggregated sync: rank 0 hosts an NCCL group with the engines (sync/nccl.py) ----------
+    def get(self, ref: Any) -> Any:
+        return _gather([ref])[0]
+
+    def end_ipc(self) -> dict[str, float]:
+        return _gather([self.actors[0].end_ipc.remote()])[0]
+
+    # ---- disaggregated sync: rank 0 hosts an NCCL group with the engines (sync/distributed.py) ------
 
     def weight_group_address(self) -> tuple[str, int]:
         return _gather([self.actors[0].weight_group_address.remote()])[0]
@@ -276,13 +283,19 @@ class TrainerGroup:
         while it asks the engines to join."""
         return self.actors[0].init_weight_update_group.remote(address, port, world_size, group_name, backend)
 
-    def weight_bucket_specs(self, max_bytes: int) -> list[Any]:
-        return self._from_rank0("weight_bucket_specs", max_bytes)
+    def weight_bucket_specs(self, max_bytes: int, cast: str | None = None) -> list[Any]:
+        return self._from_rank0("weight_bucket_specs", max_bytes, cast)
 
     def broadcast_weights(self, specs: list[Any]) -> list[Any]:
         """Refs of the replica's ranks sending ``specs`` (rank 0's answer first); the caller awaits
         them while the engines receive."""
         return self._submit(lambda: [a.broadcast_weights.remote(specs) for a in self._exporters()])
+
+    def abort_weight_update_group(self) -> None:
+        """Unblock rank 0's broadcast when an engine died in it: runs in the rank's "control"
+        concurrency group, beside the broadcast that waits (``TrainerGroup.create`` declares it)."""
+        ref = self.actors[0].abort_weight_update_group.options(concurrency_group=CONTROL_GROUP).remote()
+        _gather([ref], timeout_s=60)
 
     def wait(self, refs: list[Any]) -> list[Any]:
         """The results of refs returned by ``init_weight_update_group`` / ``broadcast_weights``."""

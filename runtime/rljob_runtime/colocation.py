@@ -1,0 +1,72 @@
+"""Turns on shared GPUs: a colocated job's trainer and engines take the GPUs in turn, as slime's
+``--offload`` does, so a model whose trainer and engine do not fit at once still trains on one GPU.
+
+    engines' turn (generate)  ->  to_trainer(): engines release weights, KV cache and CUDA graphs;
+                                  the trainer's params, grads and optimizer come back to the GPU
+    trainer's turn (train, save)  ->  to_engines(sync): the engines' weights come back, the trainer
+                                  pushes its weights into them, the trainer's state goes to CPU,
+                                  the engines' KV cache and CUDA graphs come back
+
+Each phase is timed and the GPU memory each side holds after it is recorded (``memory/<phase>/...``,
+GB; the engines' side read from NVML by each engine actor). A job that is not colocated has one
+phase: the sync. On CPU (the demo) the engines' release is a no-op and the trainer stays in place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+Metrics = dict[str, float]
+
+
+class Turns:
+    def __init__(self, spec: Any, trainer: Any, rollout: Any) -> None:
+        self.colocated = bool(spec.resources.colocate)
+        self.offload = self.colocated and spec.resources.device == "cuda"
+        self.trainer, self.rollout = trainer, rollout
+
+    def start(self) -> Metrics:
+        """Before the engines exist: the trainer's state leaves the GPU for them."""
+        if not self.offload:
+            return {}
+        metrics: Metrics = {}
+        self._phase(metrics, "offload_trainer", self.trainer.offload)
+        return metrics
+
+    def to_trainer(self) -> Metrics:
+        metrics: Metrics = {}
+        if self.colocated:
+            self._phase(metrics, "release_engines", self.rollout.release_memory)
+        if self.offload:
+            self._phase(metrics, "onload_trainer", self.trainer.onload)
+        return metrics
+
+    def to_engines(self, sync: Callable[[], Metrics]) -> Metrics:
+        metrics: Metrics = {}
+        if self.colocated:
+            self._phase(metrics, "resume_engine_weights", lambda: self.rollout.resume_memory(["weights"]))
+        metrics.update(sync())
+        if self.offload:
+            self._phase(metrics, "offload_trainer", self.trainer.offload)
+        if self.colocated:
+            self._phase(
+                metrics, "resume_engine_kv", lambda: self.rollout.resume_memory(["kv_cache", "cuda_graph"])
+            )
+        return metrics
+
+    def _phase(self, metrics: Metrics, name: str, action: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        action()
+        metrics[f"time/{name}"] = time.perf_counter() - started
+        if self.offload:
+            metrics.update(self.memory(name))
+
+    def memory(self, phase: str) -> Metrics:
+        """GB of GPU memory each side holds now: the trainer ranks' reserved memory (summed) and the
+        engines' processes (summed, from NVML)."""
+        trainer = sum(m.get("reserved_gb", 0.0) for m in self.trainer.gpu_memory())
+        per_engine = self.rollout.engine_gpu_memory_gb()
+        engines = sum(per_engine) if all(gb >= 0 for gb in per_engine) else -1.0  # -1: NVML cannot tell
+        return {f"memory/{phase}/trainer_gb": trainer, f"memory/{phase}/engines_gb": engines}

@@ -1,0 +1,98 @@
+"""What a weight transport is, and the two sides it drives.
+
+A transport (one class per way weights travel, as slime's ``update_weight_from_{tensor,distributed,
+disk}``) pushes the trainer's current weights into every serving engine (``push``) and into one
+relaunched engine (``refresh``). The frame of an update (pause, flush, version, continue, engines
+lost mid-way) is the rollout manager's (``RolloutManager.updating``); the transport only moves
+bytes: it asks the trainer for them and posts its own requests.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+Metrics = dict[str, float]
+
+
+class EngineUpdateLike(Protocol):
+    """``rollout.engine_update.EngineUpdate`` as the transports use it."""
+
+    urls: list[str]
+    tp_sizes: dict[str, int]
+
+    @property
+    def live(self) -> list[str]: ...
+
+    def post(self, path: str, body: dict[str, Any] | Callable[[str], dict[str, Any]]) -> None: ...
+
+    def post_each(
+        self,
+        path: str,
+        bodies: Sequence[dict[str, Any]],
+        *,
+        collective: bool = False,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None: ...
+
+
+class RolloutSide(Protocol):
+    """What the transports call on the rollout manager."""
+
+    membership_epoch: int
+
+    def updating(
+        self, version: int | str | None = None, *, only: str | None = None
+    ) -> contextlib.AbstractContextManager[EngineUpdateLike]: ...
+
+    def engine_tp_sizes(self) -> dict[str, int]: ...
+
+    def call_engines(self, path: str, bodies: Mapping[str, dict[str, Any]]) -> dict[str, Any]: ...
+
+
+class WeightTransport(abc.ABC):
+    """Moves weights from the trainer (a ``TrainerGroup``) into the engines (a ``RolloutSide``)."""
+
+    name: str = ""
+
+    def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
+        """Every serving engine gets the trainer's weights as ``version`` (None: the next integer);
+        returns sync metrics."""
+        started = time.perf_counter()
+        with rollout.updating(version) as update:
+            metrics = self._transfer(trainer, rollout, update)
+        seconds = time.perf_counter() - started
+        size = metrics.get("sync/bytes", 0.0)
+        return {
+            **metrics,
+            "time/sync": seconds,
+            "sync/gb_per_s": size / max(seconds, 1e-9) / 1e9,
+        }
+
+    def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
+        """The relaunched (unregistered) engine at ``url`` gets the trainer's current weights."""
+        with rollout.updating(only=url) as update:
+            self._transfer(trainer, rollout, update)
+
+    @abc.abstractmethod
+    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+        """Move the bytes to ``update``'s engines; metrics (at least ``sync/bytes``)."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook: most transports hold nothing)
+        """Free what the transport holds (scratch files, a weight-update group)."""
+
+
+def nbytes(named: Mapping[str, Any]) -> int:
+    return sum(int(t.numel()) * int(t.element_size()) for t in named.values())
+
+
+@contextlib.contextmanager
+def timed(metrics: Metrics, key: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - started

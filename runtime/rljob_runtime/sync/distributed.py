@@ -1,0 +1,136 @@
+"""Disaggregated weight sync by NCCL broadcast (``/init_weights_update_group``,
+``/update_weights_from_distributed`` with ``load_format: "flattened_bucket"``), SGLang's path for
+engines on GPUs of their own (``nccl.py`` holds the group and the byte layout).
+
+Trainer rank 0 hosts a group with every TP rank of every serving engine (rank 0 + rank offsets) and
+broadcasts each bucket while each engine receives it in a request. The group is built at the first
+push and again after an engine was relaunched (``membership_epoch``). A relaunched engine is
+brought up to date alone: a group of the trainer and its ranks, one broadcast, left again.
+
+An engine that dies mid-broadcast is noticed when its request fails (seconds), not at the group's
+timeout: the trainer's side of the group is aborted so its broadcast returns, and every engine
+still waiting in that broadcast is replaced (``engine_update``); the replacements get this version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..rollout import protocol
+from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, timed
+from .buckets import DEFAULT_BUCKET_BYTES
+
+
+class DistributedTransport(WeightTransport):
+    name = "nccl"
+
+    def __init__(
+        self, cast: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, backend: str = "nccl"
+    ) -> None:
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.cast, self.bucket_bytes, self.backend = cast, bucket_bytes, backend
+        self._group: str | None = None  # the group every serving engine joined
+        self._group_epoch = -1
+        self._groups_made = 0
+        self._specs: list[Any] | None = None
+
+    def _new_group(self, trainer: Any, rollout: RolloutSide, members: dict[str, int]) -> str:
+        """Host a group on trainer rank 0 with these engines (URL -> TP ranks); its name."""
+        self._groups_made += 1
+        name = f"rljob-weights-{self._groups_made}"
+        address, port = trainer.weight_group_address()
+        world = 1 + sum(members.values())
+        bodies, offset = {}, 1
+        for url, ranks in members.items():
+            bodies[url] = protocol.init_weights_update_group_body(
+                master_address=address,
+                master_port=port,
+                rank_offset=offset,
+                world_size=world,
+                group_name=name,
+                backend=self.backend,
+            )
+            offset += ranks
+        hosting = trainer.init_weight_update_group(address, port, world, name, self.backend)
+        answers = rollout.call_engines("/init_weights_update_group", bodies)  # blocks until all joined
+        failed = {u: a for u, a in answers.items() if isinstance(a, BaseException)}
+        if failed:
+            trainer.abort_weight_update_group()  # rank 0 may wait for members that will not come
+            raise RuntimeError(f"engines could not join weight-update group {name!r}: {failed}")
+        trainer.wait([hosting])
+        return name
+
+    def _leave(self, rollout: RolloutSide, name: str, urls: Sequence[str]) -> None:
+        """Best effort: engines that died with the group are gone anyway."""
+        rollout.call_engines(
+            "/destroy_weights_update_group",
+            {u: protocol.destroy_weights_update_group_body(name) for u in urls},
+        )
+
+    def _ensure_group(self, trainer: Any, rollout: RolloutSide) -> float:
+        """The group of every serving engine (rebuilt if one was relaunched since); seconds spent."""
+        if self._group is not None and self._group_epoch == rollout.membership_epoch:
+            return 0.0
+        metrics: Metrics = {}
+        with timed(metrics, "t"):
+            if self._group is not None:
+                trainer.close_weight_update_group()
+                self._leave(rollout, self._group, list(rollout.engine_tp_sizes()))
+            epoch = rollout.membership_epoch
+            self._group = self._new_group(trainer, rollout, rollout.engine_tp_sizes())
+            self._group_epoch = epoch
+        return metrics["t"]
+
+    def _plan(self, trainer: Any) -> list[Any]:
+        if self._specs is None:  # names, shapes and dtypes do not change during a run
+            self._specs = trainer.weight_bucket_specs(self.bucket_bytes, self.cast)
+        return self._specs
+
+    def _broadcast(self, trainer: Any, update: EngineUpdateLike, group: str) -> float:
+        specs = self._plan(trainer)
+        sending = trainer.broadcast_weights(specs)
+        try:
+            update.post_each(
+                "/update_weights_from_distributed",
+                [spec.body(group) for spec in specs],
+                collective=True,
+                on_lost=trainer.abort_weight_update_group,
+            )
+        finally:
+            result = trainer.wait(sending)  # raises if the broadcast was aborted
+        return float(result[0]["bytes"])
+
+    def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
+        metrics: Metrics = {"time/sync_group_init": self._ensure_group(trainer, rollout)}
+        try:
+            pushed = super().push(trainer, rollout, version)
+        except BaseException:
+            self._group_epoch = -1  # the group's state is unknown now: leave it and build anew next time
+            raise
+        return {**pushed, **metrics}
+
+    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+        assert self._group is not None
+        try:
+            size = self._broadcast(trainer, update, self._group)
+        except BaseException:
+            self._group_epoch = -1
+            raise
+        return {"sync/bytes": size, "sync/buckets": float(len(self._plan(trainer)))}
+
+    def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
+        """A group of the trainer and this engine alone; the engines' shared group is rebuilt at the
+        next push (the relaunch bumped ``membership_epoch``), since rank 0 hosts one group at a time."""
+        with rollout.updating(only=url) as update:
+            name = self._new_group(trainer, rollout, {url: update.tp_sizes[url]})
+            self._group_epoch = -1
+            try:
+                self._broadcast(trainer, update, name)
+            finally:
+                trainer.close_weight_update_group()
+                self._leave(rollout, name, [url])
+
+    def close(self) -> None:
+        self._group = None
