@@ -173,6 +173,30 @@ def test_exhausted_retries_raise_with_the_last_error() -> None:
         asyncio.run(_with_server(script, lambda url: generate_samples(url, samples, PARAMS, retry=FAST)))
 
 
+def test_failures_while_the_only_engine_is_replaced_do_not_use_up_the_retries() -> None:
+    """An SGLang relaunch outlasts the retries: while the manager's ``hold`` says no engine serves
+    (and it waited for the replacement), a failed try is not counted."""
+    waits: list[int] = []
+
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        if call <= 6:
+            return web.json_response({"error": "no workers"}, status=503)
+        return web.json_response(answer([5]))
+
+    async def hold() -> bool:
+        waits.append(1)
+        return len(waits) <= 5  # a replacement was under way for the first five failures
+
+    samples = _samples(1)
+    asyncio.run(
+        _with_server(
+            script,
+            lambda url: generate_samples(url, samples, PARAMS, retry=RetryPolicy(max_attempts=2), hold=hold),
+        )
+    )
+    assert samples[0].response_ids == [5] and len(waits) == 6  # 6 failures, only the last one counted
+
+
 def test_client_errors_fail_at_once_and_connection_errors_are_retried() -> None:
     def bad(call: int, body: dict[str, Any]) -> web.StreamResponse:
         return web.json_response({"error": "bad input_ids"}, status=400)

@@ -141,3 +141,48 @@ def test_free_port_is_bindable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert procs.log_tail(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("ids", "visible", "expected"),
+    [
+        ([], None, 0),
+        ([3], None, 3),  # the node shows every GPU: Ray's id is the index
+        (["3"], "0,1,2,3", 3),
+        (["5"], "4,5", 1),  # the node restricts devices: the id's place in the list the server sees
+        ([7], "1,2", 7),  # not in the list (Ray and the environment disagree): the id as it is
+    ],
+)
+def test_base_gpu_id_is_the_index_among_the_devices_the_server_sees(
+    ids: list[object], visible: str | None, expected: int
+) -> None:
+    from rljob_runtime.rollout.engine_actor import base_gpu_id
+
+    assert base_gpu_id(ids, visible) == expected
+
+
+def test_memory_saver_gets_torchs_cuda_runtime_on_the_loader_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_runtime.rollout import engine_actor
+
+    monkeypatch.setattr(engine_actor, "cudart_dir", lambda: "/torch/nvidia/cu13/lib")
+    assert engine_actor.with_cudart_dir("") == "/torch/nvidia/cu13/lib"
+    assert engine_actor.with_cudart_dir("/a:/b") == "/torch/nvidia/cu13/lib:/a:/b"
+    assert engine_actor.with_cudart_dir("/torch/nvidia/cu13/lib:/a") == "/torch/nvidia/cu13/lib:/a"
+    monkeypatch.setattr(engine_actor, "cudart_dir", lambda: None)
+    assert engine_actor.with_cudart_dir("/a") == "/a"
+
+
+def test_an_engine_that_exits_while_starting_says_why_in_a_line(tmp_path: Path) -> None:
+    """The start failure carries the end of the server's log (where the error is), short enough for
+    the job's status line."""
+    from rljob_runtime.rollout.engine_actor import EngineProcess, EngineStartError
+
+    engine = EngineProcess(kind="hf", model_path=str(tmp_path / "no-such-model"), log_dir=str(tmp_path))
+    try:
+        with pytest.raises(EngineStartError) as info:
+            engine.start()
+    finally:
+        engine.shutdown()
+    message = str(info.value)
+    assert message.startswith("engine 0 (hf) exited with code ") and "no-such-model" in message
+    assert "its log ends:" in message and len(" ".join(message.split())) < 1000

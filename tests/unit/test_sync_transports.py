@@ -112,7 +112,7 @@ class Trainer:
         self.log.append(("init", world, name, backend))
         return "hosting"
 
-    def wait(self, refs: list[Any]) -> list[Any]:
+    def wait(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
         return [{"bytes": 24}] if refs == ["sending"] else [None]
 
     def weight_bucket_specs(self, max_bytes: int, cast: str | None) -> list[BucketSpec]:
@@ -291,7 +291,7 @@ def test_a_failed_broadcast_forces_a_new_group() -> None:
     log: list[Any] = []
 
     class Broken(Trainer):
-        def wait(self, refs: list[Any]) -> list[Any]:
+        def wait(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
             if refs == ["sending"]:
                 raise RuntimeError("aborted")
             return [None]
@@ -320,4 +320,35 @@ def test_a_relaunched_engine_gets_a_group_of_its_own() -> None:
     assert ("close",) in log and log[-2][1] == "/destroy_weights_update_group"
     log.clear()
     nccl.push(trainer, rollout, 2)  # rank 0 hosts one group at a time: the shared one is rebuilt
+    assert any(e[0] == "init" for e in log)
+
+
+def test_an_engine_lost_mid_broadcast_does_not_fail_the_push() -> None:
+    """The update drops the lost engine (it is replaced and refreshed); the trainer's aborted broadcast
+    raises, which the transport expects, and the next push builds a new group."""
+    log: list[Any] = []
+
+    class Aborting(Trainer):
+        def wait(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+            if refs == ["sending"] and ("abort",) in self.log:
+                assert timeout_s is not None  # bounded: an abort that does not unblock must not hang
+                raise RuntimeError("the weight broadcast was aborted")
+            return super().wait(refs)
+
+    class Losing(Update):
+        def post_each(self, path: str, bodies: Sequence[Any], **kwargs: Any) -> None:
+            self.lost = {"http://b": "connection reset"}
+            kwargs["on_lost"]()
+
+    class LosingRollout(Rollout):
+        @contextlib.contextmanager
+        def updating(self, version: Any = None, *, only: str | None = None) -> Iterator[Update]:
+            yield Losing(self.log, dict(self.tp))
+
+    trainer, rollout = Aborting(log), LosingRollout(log)
+    nccl = DistributedTransport()
+    metrics = nccl.push(trainer, rollout, 1)
+    assert metrics["sync/engines_lost"] == 1 and metrics["sync/bytes"] == 0 and ("abort",) in log
+    log.clear()
+    nccl.push(trainer, rollout, 2)
     assert any(e[0] == "init" for e in log)

@@ -35,6 +35,7 @@ from ..data.sample import Sample, Status
 from . import protocol
 from .generate import (
     GenerationError,
+    Hold,
     RetryPolicy,
     finish_type,
     post_generate,
@@ -199,6 +200,7 @@ class GenerateContext:
     max_response_len: int = 0  # the response budget in tokens: this rollout's max_new_tokens
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     cancelled: Callable[[], bool] = lambda: False
+    hold: Hold | None = None
     what: str = "sample"
     requests: int = 0  # /generate tries made for this sample (retries included)
     aborted: bool = False
@@ -216,7 +218,13 @@ class GenerateContext:
             raise ValueError(f"{self.what}: input_ids is empty")
         body = protocol.generate_body(input_ids=input_ids, params=sampling_params, return_logprob=True)
         response, tries = await post_generate(
-            self.session, self.url, body, what=self.what, retry=self.retry, cancelled=self.cancelled
+            self.session,
+            self.url,
+            body,
+            what=self.what,
+            retry=self.retry,
+            cancelled=self.cancelled,
+            hold=self.hold,
         )
         self.requests += tries
         if finish_type(response) == "abort":  # only while cancelling: final
@@ -267,6 +275,7 @@ async def generate_samples_with_hook(
     retry: RetryPolicy = DEFAULT_RETRY,
     cancelled: Callable[[], bool] = lambda: False,
     session: aiohttp.ClientSession | None = None,
+    hold: Hold | None = None,
 ) -> list[Sample]:
     """``generate_samples`` with ``hook`` per sample: same concurrency limit (one slot per sample for
     all its turns), same retries, same cancellation; the first failure is raised, the rest cancelled."""
@@ -282,6 +291,7 @@ async def generate_samples_with_hook(
             max_response_len=int(params.get("max_new_tokens") or 0),
             retry=retry,
             cancelled=cancelled,
+            hold=hold,
             what=f"sample {sample.index}",
         )
         return await run_hook(hook, ctx, sample, params)

@@ -242,16 +242,17 @@ class EngineProcess:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise EngineStartError(
-                    f"engine {self.index} ({self.kind}) exited with {self._proc.returncode} while starting; "
-                    f"log {self._log}:\n{procs.log_tail(self._log)}"
+                    self._failure(f"exited with code {self._proc.returncode} while starting")
                 )
             if _http_status(f"{self._url}/health_generate", timeout=30) == 200:
                 return
             time.sleep(0.5)
-        raise EngineStartError(
-            f"engine {self.index} ({self.kind}) not healthy after {self.startup_timeout_s:.0f} s; "
-            f"log {self._log}:\n{procs.log_tail(self._log)}"
-        )
+        raise EngineStartError(self._failure(f"was not healthy after {self.startup_timeout_s:.0f} s"))
+
+    def _failure(self, what: str) -> str:
+        """Short enough for the job's status (the operator shows the runtime's last line, 1000
+        characters): what happened, the log's path, then the end of the log, where the error is."""
+        return f"engine {self.index} ({self.kind}) {what} (log {self._log}); its log ends: {procs.log_tail(self._log, 700)}"
 
     def start(self, model_path: str | None = None) -> str:
         """Launch the server (if not running) and wait until /health_generate answers 200; its URL."""

@@ -16,6 +16,7 @@ and idle, so there is nothing to pause, flush or continue.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ class EngineUpdate:
         self.tp_sizes = dict(tp_sizes)
         self.fresh = fresh
         self.lost: dict[str, str] = {}  # url -> why
+        self.seconds: dict[str, float] = {}  # the frame's own phases: pause_flush, finish
 
     @property
     def live(self) -> list[str]:
@@ -119,12 +121,14 @@ class EngineUpdate:
         """Pause and flush every engine (not for a fresh engine)."""
         if self.fresh:
             return
+        started = time.perf_counter()
 
         async def prepare(url: str) -> None:
             await self._send(url, "/pause_generation", protocol.pause_body())
             await self._manager._wait_idle(url, FLUSH_ATTEMPTS, FLUSH_BACKOFF_S)
 
         results = await asyncio.gather(*(prepare(u) for u in self.urls), return_exceptions=True)
+        self.seconds["pause_flush"] = time.perf_counter() - started
         self._settle(self.urls, [r if isinstance(r, BaseException) else None for r in results])
 
     async def end(self, version: str | None) -> None:
@@ -136,6 +140,7 @@ class EngineUpdate:
             if not self.fresh:
                 await self._send(url, "/continue_generation", {})
 
-        urls = self.live
+        started, urls = time.perf_counter(), self.live
         results = await asyncio.gather(*(finish(u) for u in urls), return_exceptions=True)
+        self.seconds["finish"] = time.perf_counter() - started
         self._settle(urls, [r if isinstance(r, BaseException) else None for r in results])

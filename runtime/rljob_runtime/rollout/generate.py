@@ -12,6 +12,10 @@ Each sample becomes one ``/generate`` request (token ids in, logprobs out). What
   until it continues). When the caller cancels (``cancel`` set), an abort is final: status aborted.
 
 Other HTTP 4xx answers are bugs in the request and fail at once.
+
+``hold`` (the rollout manager's): after a failed try, it waits while no engine serves and a dead one
+is being replaced (an SGLang relaunch takes longer than the retries last) and answers True; such a
+try is not counted.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from . import protocol
 log = logging.getLogger("rljob.rollout.generate")
 
 RETRYABLE_STATUS = frozenset({408, 429})
+Hold = Callable[[], Awaitable[bool]]
 
 
 class GenerationError(RuntimeError):
@@ -146,6 +151,7 @@ async def post_generate(
     retry: RetryPolicy = RetryPolicy(),
     cancelled: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], Any] = asyncio.sleep,
+    hold: Hold | None = None,
 ) -> tuple[dict[str, Any], int]:
     """POST ``body`` to ``url``/generate with the retry policy of the module docstring.
 
@@ -157,6 +163,8 @@ async def post_generate(
         try:
             response = await _post(session, f"{url}/generate", body, retry.request_timeout_s)
         except _Retryable as exc:
+            if hold is not None and await hold():
+                continue  # no engine was serving: a replacement is back now, the try does not count
             failures += 1
             if failures >= retry.max_attempts:
                 raise GenerationError(f"{what}: {failures} tries failed, the last with {exc}") from None
@@ -181,6 +189,7 @@ async def generate_one(
     retry: RetryPolicy = RetryPolicy(),
     cancelled: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], Any] = asyncio.sleep,
+    hold: Hold | None = None,
 ) -> Sample:
     """One sample through ``url``/generate with the retry policy of the module docstring."""
     response, tries = await post_generate(
@@ -191,6 +200,7 @@ async def generate_one(
         retry=retry,
         cancelled=cancelled,
         sleep=sleep,
+        hold=hold,
     )
     apply_response(sample, response)
     sample.metadata["rollout_tries"] = tries
@@ -239,6 +249,7 @@ async def generate_samples(
     retry: RetryPolicy = RetryPolicy(),
     cancelled: Callable[[], bool] = lambda: False,
     session: aiohttp.ClientSession | None = None,
+    hold: Hold | None = None,
 ) -> list[Sample]:
     """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once.
 
@@ -248,6 +259,6 @@ async def generate_samples(
         request_body(sample, params)  # a bad sample fails before any request is sent
 
     async def one(sample: Sample, http: aiohttp.ClientSession) -> Sample:
-        return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled)
+        return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled, hold=hold)
 
     return await run_bounded(samples, one, concurrency=concurrency, session=session)

@@ -328,6 +328,7 @@ class RolloutManager:
                     retry=self.retry,
                     cancelled=lambda: self._cancelling,
                     session=await self._http(),
+                    hold=self._hold_for_replacements,
                 )
             return await generate_samples(
                 self.router.url,
@@ -337,6 +338,7 @@ class RolloutManager:
                 retry=self.retry,
                 cancelled=lambda: self._cancelling,
                 session=await self._http(),
+                hold=self._hold_for_replacements,
             )
         except asyncio.CancelledError:
             if self._fatal is not None:
@@ -344,6 +346,19 @@ class RolloutManager:
             raise
         finally:
             self._generations.discard(task)
+
+    async def _hold_for_replacements(self) -> bool:
+        """``generate``'s hold: while no engine serves and one is being replaced, wait for it (an
+        SGLang relaunch outlasts the retries); True if it waited."""
+
+        def serving() -> bool:
+            return any(e.state in ("serving", "updating") for e in self.engines)
+
+        if serving() or not self._replacements:
+            return False
+        while not serving() and self._replacements and self._fatal is None and not self._closed:
+            await asyncio.sleep(0.5)
+        return True
 
     def abort(self) -> None:
         """Abort every request in flight: those samples come back with status aborted (not retried)."""

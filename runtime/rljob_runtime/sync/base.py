@@ -65,6 +65,8 @@ class WeightTransport(abc.ABC):
         with rollout.updating(version) as update:
             metrics = self._transfer(trainer, rollout, update)
         seconds = time.perf_counter() - started
+        # the frame's own phases (pause + flush, version + continue), where the update recorded them
+        metrics.update({f"time/sync_{k}": v for k, v in getattr(update, "seconds", {}).items()})
         size = metrics.get("sync/bytes", 0.0)
         return {
             **metrics,

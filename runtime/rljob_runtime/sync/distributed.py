@@ -21,6 +21,8 @@ from ..rollout import protocol
 from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, timed
 from .buckets import DEFAULT_BUCKET_BYTES
 
+ABORTED_WAIT_S = 120.0
+
 
 class DistributedTransport(WeightTransport):
     name = "nccl"
@@ -89,17 +91,33 @@ class DistributedTransport(WeightTransport):
         return self._specs
 
     def _broadcast(self, trainer: Any, update: EngineUpdateLike, group: str) -> float:
+        """Bytes sent; 0 when a receiver died mid-way (the update replaces and refreshes it)."""
         specs = self._plan(trainer)
+        aborted: list[bool] = []
+
+        def on_lost() -> None:
+            aborted.append(True)
+            trainer.abort_weight_update_group()
+
         sending = trainer.broadcast_weights(specs)
         try:
             update.post_each(
                 "/update_weights_from_distributed",
                 [spec.body(group) for spec in specs],
                 collective=True,
-                on_lost=trainer.abort_weight_update_group,
+                on_lost=on_lost,
             )
         finally:
-            result = trainer.wait(sending)  # raises if the broadcast was aborted
+            try:
+                # an aborted broadcast returns at once; bounded, so a stuck one cannot hang the run
+                result = trainer.wait(sending, timeout_s=ABORTED_WAIT_S) if aborted else trainer.wait(sending)
+            except Exception:
+                if not aborted:
+                    raise
+                result = None  # we aborted it: the trainer's broadcast raised as it should
+        if aborted:
+            self._group_epoch = -1  # the group lost members: build it anew at the next push
+            return 0.0
         return float(result[0]["bytes"])
 
     def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
@@ -113,12 +131,17 @@ class DistributedTransport(WeightTransport):
 
     def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         assert self._group is not None
+        metrics: Metrics = {}
         try:
-            size = self._broadcast(trainer, update, self._group)
+            with timed(metrics, "time/sync_export"):  # the plan, once per run
+                specs = self._plan(trainer)
+            with timed(metrics, "time/sync_load"):  # pack + broadcast + the engines' loads
+                size = self._broadcast(trainer, update, self._group)
         except BaseException:
             self._group_epoch = -1
             raise
-        return {"sync/bytes": size, "sync/buckets": float(len(self._plan(trainer)))}
+        lost = float(len(getattr(update, "lost", {})))
+        return {**metrics, "sync/bytes": size, "sync/buckets": float(len(specs)), "sync/engines_lost": lost}
 
     def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
         """A group of the trainer and this engine alone; the engines' shared group is rebuilt at the

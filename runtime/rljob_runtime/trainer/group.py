@@ -297,9 +297,9 @@ class TrainerGroup:
         ref = self.actors[0].abort_weight_update_group.options(concurrency_group=CONTROL_GROUP).remote()
         _gather([ref], timeout_s=60)
 
-    def wait(self, refs: list[Any]) -> list[Any]:
+    def wait(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
         """The results of refs returned by ``init_weight_update_group`` / ``broadcast_weights``."""
-        return _gather(refs)
+        return _gather(refs, timeout_s=timeout_s)
 
     def close_weight_update_group(self) -> None:
         _gather([self.actors[0].close_weight_update_group.remote()])

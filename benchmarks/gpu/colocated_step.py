@@ -1,0 +1,158 @@
+"""One colocated GRPO step, phase by phase, with stock SGLang on one GPU: where the time goes and
+how much GPU memory each side holds after each phase (``colocation.Turns``):
+
+    generate | release engines | onload trainer | train | (save) | resume engine weights | sync |
+    offload trainer | resume engine KV cache and CUDA graphs
+
+The default makes a model whose trainer and engine do not fit on the GPU at once (a random-weight
+Qwen3-1.5B shape, torch trainer with fp32 master weights and Adam, the engine reserving 85% of the
+GPU), and trains it colocated; the last lines say whether the two sides' resident memory exceeds
+the GPU's. ``--json`` keeps every step's metrics.
+
+    python3 benchmarks/gpu/colocated_step.py --model 1.5b --backend torch --mem-fraction 0.85 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for _path in (REPO / "runtime", REPO / "api", HERE):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from model_dirs import MODELS, ensure_model_dir  # noqa: E402
+
+KIT_SGLANG_ARGS = {
+    "attention-backend": "triton",
+    "sampling-backend": "pytorch",
+    "disable-flashinfer-autotune": "",
+}
+PHASES = (
+    "generate",
+    "release_engines",
+    "onload_trainer",
+    "train",
+    "save",
+    "resume_engine_weights",
+    "sync",
+    "offload_trainer",
+    "resume_engine_kv",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="1.5b")
+    p.add_argument("--backend", choices=("torch", "megatron"), default="torch")
+    p.add_argument("--mem-fraction", type=float, default=0.85)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--response-len", type=int, default=256)
+    p.add_argument("--model-root", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not 0 < args.mem_fraction < 1 or args.steps < 1:
+        p.error("--mem-fraction must be in (0, 1) and --steps at least 1")
+    return args
+
+
+def job(args: argparse.Namespace, model_dir: Path, ckpt: Path) -> dict[str, Any]:
+    batch = args.prompts * args.samples
+    return {
+        "model": {"path": str(model_dir), "dtype": "bfloat16"},
+        "data": {"path": str(REPO / "examples/data/add-1digit.jsonl"), "applyChatTemplate": True},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "rollout": {
+            "engine": "sglang",
+            "batchSize": args.prompts,
+            "nSamplesPerPrompt": args.samples,
+            "maxResponseLen": args.response_len,
+            "temperature": 1.0,
+            "sglangArgs": {**KIT_SGLANG_ARGS, "mem-fraction-static": str(args.mem_fraction)},
+        },
+        "training": {
+            "backend": args.backend,
+            "numRollout": args.steps,
+            "globalBatchSize": batch,
+            "microBatchSize": 1,
+            "recomputeActivations": True,
+        },
+        "resources": {"device": "cuda", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": 1}},
+        "reward": {"type": "math"},
+        "checkpoint": {"path": str(ckpt), "saveInterval": 0},
+        "faultTolerance": {"engineHealthCheck": {"firstWaitSeconds": 0, "intervalSeconds": 30}},
+    }
+
+
+def phase_table(history: list[dict[str, float]]) -> str:
+    """Per step: each phase's seconds, then the trainer's and the engines' GPU GB after it."""
+    lines = ["| step | phase | s | trainer GB | engines GB |", "|---|---|---|---|---|"]
+    for h in history:
+        for phase in PHASES:
+            seconds = h.get(f"time/{phase}")
+            if seconds is None:
+                continue
+            trainer = h.get(f"memory/{phase}/trainer_gb")
+            engines = h.get(f"memory/{phase}/engines_gb")
+            fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+            lines.append(f"| {h['step']:.0f} | {phase} | {seconds:.2f} | {fmt(trainer)} | {fmt(engines)} |")
+    return "\n".join(lines)
+
+
+def fit_line(history: list[dict[str, float]], gpu_gb: float) -> str:
+    """Whether the trainer's resident state and the engines' would exceed the GPU together."""
+    trainer = max(h.get("memory/onload_trainer/trainer_gb", 0.0) for h in history)
+    engines = max(h.get("memory/resume_engine_kv/engines_gb", -1.0) for h in history)
+    if engines < 0:
+        return f"trainer resident {trainer:.1f} GB; the engines' memory is unknown (NVML could not see them)"
+    together = trainer + engines
+    verdict = "do not fit at once" if together > gpu_gb else "would fit at once"
+    return f"trainer resident {trainer:.1f} GB + engines resident {engines:.1f} GB = {together:.1f} GB on a {gpu_gb:.0f} GB GPU: they {verdict}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from rljob_api.resource import parse_spec
+    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.models import resolve_model
+
+    root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-colocated-"))
+    tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the data's chat template
+    model_dir = ensure_model_dir(root, args.model, tokenizer=tokenizer, device="cuda")
+    torch.cuda.empty_cache()
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    spec = parse_spec(job(args, model_dir, root / "ckpt"))
+    result = run(prepare(spec), RunOptions())
+    print(
+        f"\ncolocated GRPO, {args.model} ({args.backend}), engine mem-fraction {args.mem_fraction}, {args.steps} steps"
+    )
+    print(phase_table(result.history))
+    print(fit_line(result.history, gpu_gb))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": vars(args) | {"model_root": str(root), "json": str(args.json)},
+                    "gpu_gb": gpu_gb,
+                    "history": result.history,
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

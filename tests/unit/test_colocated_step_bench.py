@@ -1,0 +1,50 @@
+"""The colocated step benchmark (benchmarks/gpu/colocated_step.py): its job is one the API accepts,
+and the phase table and the fit verdict read the driver's metrics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+
+import colocated_step as bench
+
+from rljob_api.resource import parse_spec
+
+
+def test_the_job_is_valid_and_colocated_with_sglang() -> None:
+    args = bench.parse_args(["--steps", "2"])
+    spec = parse_spec(bench.job(args, Path("/m"), Path("/ckpt")))
+    assert spec.resources.colocate and spec.rollout.engine == "sglang" and spec.training.num_rollout == 2
+    assert spec.rollout.sglang_args["mem-fraction-static"] == "0.85"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mem-fraction", "1.5"])
+
+
+def test_phase_table_and_fit_verdict() -> None:
+    history = [
+        {
+            "step": 1.0,
+            "time/generate": 2.0,
+            "time/release_engines": 0.5,
+            "memory/release_engines/trainer_gb": 1.0,
+            "memory/release_engines/engines_gb": 1.5,
+            "time/onload_trainer": 0.4,
+            "memory/onload_trainer/trainer_gb": 30.0,
+            "memory/onload_trainer/engines_gb": 1.5,
+            "time/sync": 0.2,
+            "time/resume_engine_kv": 0.3,
+            "memory/resume_engine_kv/trainer_gb": 1.0,
+            "memory/resume_engine_kv/engines_gb": 66.0,
+        }
+    ]
+    table = bench.phase_table(history)
+    assert "| 1 | generate | 2.00 |  |  |" in table and "| 1 | onload_trainer | 0.40 | 30.0 | 1.5 |" in table
+    assert table.index("release_engines") < table.index("sync") < table.index("resume_engine_kv")
+    assert bench.fit_line(history, 80.0).endswith("they do not fit at once")
+    assert bench.fit_line(history, 141.0).endswith("they would fit at once")
+    history[0]["memory/resume_engine_kv/engines_gb"] = -1.0
+    assert "unknown" in bench.fit_line(history, 80.0)
