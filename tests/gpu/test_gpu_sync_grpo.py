@@ -78,7 +78,6 @@ def test_gpu_sync_through_the_driver(
     import rljob_runtime.driver as driver
     from rljob_runtime.data.sample import Sample
     from rljob_runtime.models import ModelNotFoundError, resolve_model
-    from rljob_runtime.sync import WeightSync
     from rljob_runtime.sync.checksum import checksums
 
     doc = demo_spec("grpo", 1, tmp_path / "ckpt", steps=STEPS)
@@ -109,7 +108,7 @@ def test_gpu_sync_through_the_driver(
 
     real_metrics = driver.rollout_metrics
     real_train = driver._train
-    real_push = WeightSync.push
+    real_make_transport = driver.make_transport
 
     def rollout_metrics(samples: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
         versions.append([list(s.weight_versions) for s in samples])
@@ -120,15 +119,20 @@ def test_gpu_sync_through_the_driver(
         gaps.append(_logp_gap(trainer, samples))
         return real_train(spec, trainer, samples)
 
-    def push(self: WeightSync, trainer: Any, rollout: Any, version: int) -> dict[str, float]:
-        out = real_push(self, trainer, rollout, version)
-        pushes.append(
-            {
-                "version": version,
-                "transport": self.transport,
-                "ipc": bool(getattr(trainer, "supports_cuda_ipc", False)),
-            }
-        )
+    def make_transport(*args: Any, **kwargs: Any) -> Any:
+        transport = real_make_transport(*args, **kwargs)
+        real_push = transport.push
+
+        def push(trainer: Any, rollout: Any, version: int) -> dict[str, float]:
+            out = real_push(trainer, rollout, version)
+            pushes.append({"version": version, "transport": transport.name})
+            after_push(trainer, rollout, version)
+            return out
+
+        transport.push = push  # type: ignore[method-assign]
+        return transport
+
+    def after_push(trainer: Any, rollout: Any, version: int) -> None:
         if version == STEPS:  # after the last sync: the engine holds exactly the trainer's tensors
             want = {k: list(v) for k, v in checksums(trainer.named_tensors().items()).items()}
             with urllib.request.urlopen(f"{rollout.engine_urls()[0]}/weights_checksum", timeout=120) as resp:
@@ -152,11 +156,10 @@ def test_gpu_sync_through_the_driver(
             last["stale_gap"] = _logp_gap(
                 trainer, last["samples"]
             )  # made by version STEPS - 1: the scale of one update
-        return out
 
     monkeypatch.setattr(driver, "rollout_metrics", rollout_metrics)
     monkeypatch.setattr(driver, "_train", train)
-    monkeypatch.setattr(WeightSync, "push", push)
+    monkeypatch.setattr(driver, "make_transport", make_transport)
 
     from rljob_runtime.driver import RunOptions, prepare, run
 

@@ -25,6 +25,7 @@ from sglang_case import KIT_ARGS, export_dir, fresh_server_tokens, greedy, http,
 
 from rljob_api.resource import parse_spec
 
+LONG = 1500  # tokens of the generation the engine is killed in (seconds on a GPU)
 KEYS = (
     "reward/mean",
     "train/ppo_kl",
@@ -119,7 +120,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
     def step_rollout(prepared: Any, rollout: Any) -> Any:
         if len(checks) == 1 and not kill:  # step 2: kill the engine's server in a long generation
             samples = [Sample(index=i, prompt_ids=list(ids)) for i, ids in enumerate([[22, 23, 24]] * 16)]
-            future = rollout.generate_async(samples, max_new_tokens=1500, ignore_eos=True)
+            future = rollout.generate_async(samples, max_new_tokens=LONG, ignore_eos=True)
             url = rollout.engine_urls()[0]
             time.sleep(1.0)
             started = time.monotonic()
@@ -127,7 +128,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
             done = future.result(timeout=900)
             kill.update(
                 samples=len(done),
-                complete=all(s.status is Status.TRUNCATED and s.response_length == 1500 for s in done),
+                complete=all(s.status is Status.TRUNCATED and s.response_length == LONG for s in done),
                 retried=sum(s.metadata.get("rollout_tries", 1) > 1 for s in done),
                 back_in_s=round(time.monotonic() - started, 1),
                 old_url=url,

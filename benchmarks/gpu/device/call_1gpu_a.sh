@@ -1,4 +1,5 @@
-# nvidia-h100-x1, first call, carry .gpu/c1 .gpu/sh: installs c1; the fusions' GPU test; the full-path
+# nvidia-h100-x1, the call that carries the kit's last part (carry .gpu/sh .gpu/pN, after calls that
+# carried .gpu/p1 ... .gpu/pN-1 with `source .gpu/sh/setup.sh`; README.md): installs the kit; the fusions' GPU test; the full-path
 # weight sync over CUDA IPC (0.5B/1.5B/4B, one process each, runtime defaults); MFU 1b unfused.
 source .gpu/sh/setup.sh || exit 1
 source .gpu/sh/lib.sh

@@ -1,4 +1,4 @@
-# same machine, next call within 30 s, carry .gpu/smol-a .gpu/sh: MFU of the 1b with the plain-torch
+# same machine, next call within 30 s, carry .gpu/sh (the kit is installed): MFU of the 1b with the plain-torch
 # fusions (wgrad, norm, rope; fused Adam is the default), with a profile, then at 16 micro-batches;
 # the host's CPU (the fused step is host-bound: docs/BENCHMARKS.md, session 5). The 4b does not fit
 # an 80 GB H100 with full Adam: it runs on an H200 (call_2gpu_a.sh).

@@ -1,5 +1,5 @@
-# same machine, next call within 30 s (after a call that carried .gpu/smol-a), carry .gpu/smol-b
-# .gpu/sh (SmolLM2 is whole now): the GPU sync driver test, colocated (CUDA IPC), torch and megatron
+# same machine, next call within 30 s, carry .gpu/sh (the kit, SmolLM2's GGUF in it, is installed):
+# the GPU sync driver test, colocated (CUDA IPC), torch and megatron
 # backends (megatron: fused Adam on GPU).
 [ -f /tmp/site/.c1 ] || { echo "NO C1: the machine was recycled; start with call_1gpu_a.sh"; exit 3; }
 source .gpu/sh/setup.sh || exit 1

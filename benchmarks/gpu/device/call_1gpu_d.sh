@@ -1,4 +1,5 @@
-# nvidia-h100-x1, first call, carry .gpu/c1 .gpu/sh (session 6): the chunked LM head's GPU test, then
+# nvidia-h100-x1, the call that carries the kit's last part (carry .gpu/sh .gpu/pN, after the calls
+# carrying .gpu/p1 ... .gpu/pN-1; README.md) (session 6): the chunked LM head's GPU test, then
 # the 4b on one 80 GB H100 with the chunked head and full recompute: every layer, then the first 18
 # and the first 26 of 36 layers only (the rest keep their activations).
 source .gpu/sh/setup.sh || exit 1

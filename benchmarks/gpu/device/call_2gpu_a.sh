@@ -1,4 +1,5 @@
-# nvidia-h200-x2, one call, carry .gpu/c1 .gpu/sh: installs c1; the fusions' GPU test; MFU with the
+# nvidia-h200-x2, the call that carries the kit's last part (carry .gpu/sh .gpu/pN, after the calls
+# carrying .gpu/p1 ... .gpu/pN-1; README.md): installs the kit; the fusions' GPU test; MFU with the
 # fusions on one H200 (1b, 4b: the 4b does not fit an 80 GB H100 with full Adam); the megatron trainer
 # rank (TP1xDP2/TP2/PP2, fused Adam) and the TP 2 group through Ray with a checkpoint round trip; the
 # NCCL weight sync at 0.5B and 1.5B (the 4B ran in call_diag_sync2.sh).

@@ -1,4 +1,4 @@
-# same machine, next call within 30 s, carry .gpu/smol-a .gpu/sh: the 4b weight sync over NCCL
+# same machine, next call within 30 s, carry .gpu/sh (the kit is installed): the 4b weight sync over NCCL
 # (cuda:0 -> cuda:1) and over IPC on one H200, each at 1 GiB and 2 GiB buckets.
 [ -f /tmp/site/.c1 ] || { echo "NO C1: the machine was recycled; start with call_2gpu_a.sh"; exit 3; }
 export CALL_BUDGET=${CALL_BUDGET:-300}

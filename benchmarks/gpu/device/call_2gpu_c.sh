@@ -1,4 +1,4 @@
-# same machine, next call within 30 s, carry .gpu/smol-b .gpu/sh (SmolLM2 is whole now): the GPU sync
+# same machine, next call within 30 s, carry .gpu/sh (the kit, SmolLM2's GGUF in it, is installed): the GPU sync
 # driver test across GPUs (NCCL), torch and megatron; the Megatron equivalence (SDPA attention).
 [ -f /tmp/site/.c1 ] || { echo "NO C1: the machine was recycled; start with call_2gpu_a.sh"; exit 3; }
 export CALL_BUDGET=${CALL_BUDGET:-480}
