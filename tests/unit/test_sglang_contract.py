@@ -19,8 +19,8 @@ from rljob_runtime.rollout import protocol
 from rljob_runtime.sync.nccl import BucketSpec
 
 INSTALL_HINT = (
-    "the SGLang contract test needs the sglang wheel's source (never imported): "
-    ".venv/bin/pip install --no-deps 'sglang>=0.5'"
+    "the SGLang contract test needs the pinned sglang wheel's source (never imported): "
+    "make venv (it installs pyproject.toml's gpu-extra pin without dependencies)"
 )
 
 
@@ -187,6 +187,23 @@ def test_builders_send_only_declared_fields() -> None:
         and "--enable-memory-saver" in args
         and "--skip-server-warmup" in args
     )
+
+
+def test_the_source_checked_is_the_pinned_release() -> None:
+    """The contract holds for the SGLang the runtime pins (pyproject.toml's gpu extra), not another."""
+    import importlib.metadata
+
+    from rljob_runtime.sglang_install import pinned_sglang_version
+
+    assert importlib.metadata.version("sglang") == pinned_sglang_version(), INSTALL_HINT
+    versions = [  # _version.py: __version__ = version = '0.5.16'
+        node.value.value
+        for node in _parse("_version.py").body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+    ]
+    assert versions == [pinned_sglang_version()]
 
 
 def test_contract_catches_a_wrong_field() -> None:

@@ -38,3 +38,10 @@ sync_models() {  # transport (ipc|nccl), then models
       --json $J/sync-$t-$m${SYNC_TAG:+-$SYNC_TAG}.json --model-root /dev/shm/rljob-models --log-dir $J/serverlogs
   done
 }
+# the lines worth reading from every log of this call (pytest outcomes, the tests' printed results,
+# benchmark tables and target lines), for the reply's output tail
+summary() {
+  echo "==== summary"
+  grep -h -E "^(=+ .*(passed|failed|error|skipped).* =+$|FAILED|ERROR |[a-z-]+sglang learned|syncs:|kill:|nccl syncs:|broadcast kill:|resumed:|engine GPU memory|start failures|\| |target|weight sync into|colocated GRPO|trainer resident|== .* rc=)" \
+    $J/logs/*.log 2>/dev/null | cut -c1-260 | tail -${SUMMARY_LINES:-120}
+}
