@@ -304,6 +304,19 @@ class TrainerGroup:
     def close_weight_update_group(self) -> None:
         _gather([self.actors[0].close_weight_update_group.remote()])
 
+    # ---- colocated turns (colocation.Turns): the state off the GPU while the engines generate -----
+
+    def offload(self) -> list[dict[str, float]]:
+        """Every rank's parameters, gradients and optimizer state to pinned CPU memory; per rank its
+        GPU memory after (``trainer/offload.py``)."""
+        return _gather(self._submit(lambda: [a.offload.remote() for a in self.actors]))
+
+    def onload(self) -> list[dict[str, float]]:
+        return _gather(self._submit(lambda: [a.onload.remote() for a in self.actors]))
+
+    def gpu_memory(self) -> list[dict[str, float]]:
+        return _gather(self._submit(lambda: [a.gpu_memory.remote() for a in self.actors]))
+
     def save(self, path: str) -> None:
         _gather(self._submit(lambda: [a.save.remote(str(path)) for a in self.actors]))
 

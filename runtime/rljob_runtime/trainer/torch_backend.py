@@ -50,6 +50,7 @@ from .base import (
     step_counts,
 )
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
+from .offload import Group, Offloadable, grads, module_tensors, optimizer_tensors
 from .weight_source import WeightSource
 
 # Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch
@@ -100,7 +101,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class TorchTrainerRank(WeightSource):
+class TorchTrainerRank(Offloadable, WeightSource):
     """One data-parallel rank of the torch backend (see the module docstring)."""
 
     def __init__(
@@ -286,6 +287,7 @@ class TorchTrainerRank(WeightSource):
         Uses exactly the micro-batches ``train`` will use, so that the first step is bit-for-bit
         on-policy (ppo_kl == 0).
         """
+        self._require_resident("logprobs")
         self.model.eval()
         if self.critic is not None:
             self.critic.eval()
@@ -334,6 +336,7 @@ class TorchTrainerRank(WeightSource):
         ``returns`` train the critic (ppo: required). Returns metrics averaged over the steps,
         identical on every rank.
         """
+        self._require_resident("train")
         spec = self.spec
         algo = spec.algorithm
         per_rank = spec.training.global_batch_size // self.world_size
@@ -476,7 +479,21 @@ class TorchTrainerRank(WeightSource):
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """The policy's state_dict under Hugging Face names (tied aliases included), detached CPU copies."""
-        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+        with self.weights_resident():
+            return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    def _offload_groups(self) -> dict[str, Group]:
+        """What leaves the GPU in a colocated job's engine turn (``offload.Offloadable``)."""
+        return {
+            "weights": Group(lambda: module_tensors(self.model)),
+            "grads": Group(lambda: grads(self.model, self.critic), keep=False),
+            "training": Group(
+                lambda: [
+                    *optimizer_tensors(self.optimizer, self.critic_optimizer),
+                    *module_tensors(self.ref_model, self.critic),
+                ]
+            ),
+        }
 
     def device_weights(self) -> dict[str, torch.Tensor]:
         """The policy on its device under HF names (rank 0 sends; every rank holds the same)."""
@@ -485,6 +502,7 @@ class TorchTrainerRank(WeightSource):
     def save(self, path: str) -> None:
         """``path/model``: HF safetensors + config + tokenizer files (rank 0); ``path/trainer_rank{r}.pt``:
         optimizer, schedule position and RNG state of every rank."""
+        self._require_resident("save")
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
@@ -509,6 +527,7 @@ class TorchTrainerRank(WeightSource):
 
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint (same data-parallel size)."""
+        self._require_resident("load")
         root = Path(path)
         _load_weights(self.model, root / MODEL_DIR)
         state = torch.load(root / STATE_FILE.format(rank=self.rank), map_location="cpu", weights_only=False)

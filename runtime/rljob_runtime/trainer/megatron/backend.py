@@ -43,6 +43,7 @@ from ..base import (
     pad_columns,
     step_counts,
 )
+from ..offload import Group, Offloadable, grads, module_tensors, optimizer_tensors
 from ..torch_backend import (
     needs_reference,
     rng_state,
@@ -62,7 +63,7 @@ from .schedule import (
 )
 
 
-class MegatronTrainerRank(WeightSource):
+class MegatronTrainerRank(Offloadable, WeightSource):
     """One GPU of the megatron backend (see the module docstring)."""
 
     def __init__(
@@ -212,6 +213,7 @@ class MegatronTrainerRank(WeightSource):
     def logprobs(self, batch: TrainBatch) -> LogProbs:
         """Log-probs, reference log-probs and entropy of this rank's rows, [B, T] on CPU, over exactly
         the micro-batches ``train`` uses (a first on-policy step then has ppo_kl == 0)."""
+        self._require_resident("logprobs")
         mbs = [batch.select(rows) for step in self._plan(batch.size) for rows in step]
 
         def collect(
@@ -267,6 +269,7 @@ class MegatronTrainerRank(WeightSource):
         ``train``, whose contract this follows). Metrics are identical on every rank."""
         from megatron.core import parallel_state as ps
 
+        self._require_resident("train")
         algo = self.spec.algorithm
         plan = local_plan(
             batch.size,
@@ -375,13 +378,30 @@ class MegatronTrainerRank(WeightSource):
                 stage.update({k: v.to(device) for k, v in (part or {}).items()})
         return stage if tp0 and pp_rank == 0 else {}
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """``device_weights`` as CPU copies (the CPU and shared-memory transports, checkpoints)."""
-        return {k: v.to("cpu", copy=True) for k, v in self.device_weights().items()}
+    def _offload_groups(self) -> dict[str, Group]:
+        """What leaves the GPU in a colocated job's engine turn (``offload.Offloadable``): the bf16
+        parameters (views into DDP's param buffers), the fp32 gradient buffers (rewritten every step:
+        not copied), the optimizer's fp32 main parameters and moments, the reference model. DDP's own
+        ``buffers`` attribute is its list of param/grad buffers (it shadows ``Module.buffers``), so
+        the module's tensors are read from ``self.model.module``."""
+
+        def ddp_buffers() -> list[Any]:
+            return [*self.model.buffers, *self.model.expert_parallel_buffers]
+
+        return {
+            "weights": Group(
+                lambda: [*module_tensors(self.model.module), *(b.param_data for b in ddp_buffers())]
+            ),
+            "grads": Group(
+                lambda: [*(b.grad_data for b in ddp_buffers()), *grads(self.model.module)], keep=False
+            ),
+            "training": Group(lambda: [*optimizer_tensors(self.optimizer), *module_tensors(self.ref_model)]),
+        }
 
     def save(self, path: str) -> None:
         """``path/model``: the HF export (global rank 0); ``path/trainer_rank<r>.pt``: every rank's
         optimizer shard, step and RNG (see ``checkpoint``). Every rank calls it (a collective)."""
+        self._require_resident("save")
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
 
@@ -407,6 +427,7 @@ class MegatronTrainerRank(WeightSource):
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint (same layout): weights from the HF export, then the fp32
         main params and moments of this rank's optimizer shard."""
+        self._require_resident("load")
         from megatron.core import tensor_parallel
 
         from . import checkpoint as ckpt
