@@ -1,10 +1,21 @@
-# nvidia-h200-x2, a third call if device time is left (carry .gpu/sh): the NCCL weight sync into SGLang
-# (0.5B and 4B, both GPUs), then the rollout throughput at 1.5B on GPU 1 beside nothing else.
+# nvidia-h200-x2, a third call as device time allows (carry .gpu/sh): one stream per GPU.
+#   GPU 0: the IPC weight sync into SGLang (4B first: the target's model, then 0.5B and 1.5B)
+#   GPU 1: the rollout throughput of the runtime's path against stock SGLang and the hf engine (0.5B),
+#          then the runtime against stock at 1.5B
 source .gpu/sh/setup.sh || exit 1
 source .gpu/sh/lib.sh
 export RLJOB_RESULTS_DIR=$J STEP_LOGS=j
-SYNC_LIMIT=120 sync_models nccl 0.5b 4b
-export CUDA_VISIBLE_DEVICES=1
-step throughput-1.5b 280 python3 benchmarks/gpu/rollout_throughput.py THROUGHPUT_ARGS_1_5B
+(
+  export CUDA_VISIBLE_DEVICES=0 SYNC_LIMIT=120
+  sync_models ipc 4b 0.5b 1.5b
+) &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  step g1-throughput-0.5b 330 python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock runtime hf \
+    --model-root /dev/shm/rljob-models --json $J/throughput-0.5b.json
+  step g1-throughput-1.5b 200 python3 benchmarks/gpu/rollout_throughput.py --model 1.5b --modes stock runtime \
+    --workloads fixed --model-root /dev/shm/rljob-models --json $J/throughput-1.5b.json
+) &
+wait
 pack
 summary

@@ -78,7 +78,13 @@ class Engine:
     busy: asyncio.Lock | None = field(default=None, repr=False)
 
 
-Refresher = Callable[[str], None]  # brings the relaunched engine at this URL to the current weights
+Refresher = Callable[[str], None]
+# Requests in flight per engine: SGLang schedules hundreds at once (its own max_running_requests caps
+# them); the hf engine batches fewer and is slower to answer a flood.
+ENGINE_CONCURRENCY = {
+    "sglang": 512,
+    "hf": 64,
+}  # brings the relaunched engine at this URL to the current weights
 
 
 class RolloutManager:
@@ -144,7 +150,7 @@ class RolloutManager:
         refresher: Refresher | None = None,
         health: HealthCheck | None = None,
         retry: RetryPolicy | None = None,
-        concurrency: int = 64,
+        concurrency: int | None = None,
         log_dir: str | Path | None = None,
         startup_timeout_s: float = 600.0,
         weights_path: str | Path | None = None,
@@ -154,6 +160,8 @@ class RolloutManager:
         ``refresher`` (optional, may be set later) brings a relaunched engine to the current weights.
         ``weights_path``: an HF directory the engines load instead of ``model_path`` (a resumed run's
         checkpoint export); relaunched engines load ``model_path`` and are refreshed.
+        ``concurrency``: requests in flight through the router, default ``ENGINE_CONCURRENCY`` per
+        engine (SGLang batches continuously: a whole rollout's requests at once fill its batch).
         """
         rollout, resources = spec.rollout, spec.resources
         device = resources.device
@@ -209,7 +217,7 @@ class RolloutManager:
             refresher=refresher,
             health=health,
             retry=retry,
-            concurrency=concurrency,
+            concurrency=concurrency or ENGINE_CONCURRENCY[rollout.engine] * len(engines),
             model_path=model_path,
         )
 
