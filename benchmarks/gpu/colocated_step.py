@@ -132,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.empty_cache()
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     spec = parse_spec(job(args, model_dir, root / "ckpt"))
-    result = run(prepare(spec), RunOptions())
+
+    def each_step(metrics: dict[str, float]) -> None:  # a run cut short still reports its steps
+        print(phase_table([metrics]), flush=True)
+        print(fit_line([metrics], gpu_gb), flush=True)
+
+    result = run(prepare(spec), RunOptions(on_step=each_step))
     print(
         f"\ncolocated GRPO, {args.model} ({args.backend}), engine mem-fraction {args.mem_fraction}, {args.steps} steps"
     )

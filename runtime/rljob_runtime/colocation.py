@@ -67,6 +67,6 @@ class Turns:
         """GB of GPU memory each side holds now: the trainer ranks' reserved memory (summed) and the
         engines' processes (summed, from NVML)."""
         trainer = sum(m.get("reserved_gb", 0.0) for m in self.trainer.gpu_memory())
-        per_engine = self.rollout.engine_gpu_memory_gb()
+        per_engine = self.rollout.engine_gpu_memory_gb() if self.rollout is not None else []
         engines = sum(per_engine) if all(gb >= 0 for gb in per_engine) else -1.0  # -1: NVML cannot tell
         return {f"memory/{phase}/trainer_gb": trainer, f"memory/{phase}/engines_gb": engines}

@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,7 @@ class RunOptions:
     resume: str | None = None  # overrides spec.checkpoint.resume
     stop_after: int | None = None  # stop (as if interrupted) after this many steps: tests, debugging
     ray_address: str | None = None
+    on_step: Callable[[dict[str, float]], None] | None = None  # each step's metrics: benchmarks, tests
 
 
 @dataclass
@@ -311,6 +312,8 @@ def _loop(
         metrics["time/step"] = time.perf_counter() - t_step
         reporter.step(done, metrics, checkpoint=checkpoint, eval_rewards=eval_rewards)
         result.history.append({"step": float(done), **metrics})
+        if options.on_step is not None:
+            options.on_step(result.history[-1])
         result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
         result.steps_done = done
     return result

@@ -29,6 +29,11 @@ def test_flags_reach_the_server_and_memory_is_released_and_resumed(tmp_path: Pat
     try:
         url = engine.start()
         info = http("GET", f"{url}/server_info")
+        keys = ("tp_size", "base_gpu_id", "context_length", "enable_memory_saver", "random_seed")
+        print(
+            "server_info:",
+            {k: info.get(k) for k in (*keys, "attention_backend", "dtype", "skip_server_warmup")},
+        )
         assert (info["tp_size"], info["base_gpu_id"], info["context_length"]) == (1, 0, 1024)
         assert info["enable_memory_saver"] is True and info["random_seed"] == 5
         assert info["attention_backend"] == "triton" and info["skip_server_warmup"] is True

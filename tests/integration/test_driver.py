@@ -47,8 +47,10 @@ def spec_for(model: Path, ckpt: Path, **resources: Any) -> Any:
 
 def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: Path, tmp_path: Path) -> None:
     spec = spec_for(model_dir, tmp_path / "full")
-    full = run(prepare(spec), RunOptions(tensorboard_dir=str(tmp_path / "tb")))
+    seen: list[dict[str, float]] = []
+    full = run(prepare(spec), RunOptions(tensorboard_dir=str(tmp_path / "tb"), on_step=seen.append))
     assert full.steps_done == 3 and len(full.history) == 3
+    assert seen == full.history  # each step's metrics as it ends
     for metrics in full.history:
         assert {
             "reward/mean",

@@ -9,7 +9,7 @@ source .gpu/sh/setup.sh || exit 1
 source .gpu/sh/lib.sh
 export RLJOB_RESULTS_DIR=$J STEP_LOGS=j
 step kit 90 python3 benchmarks/gpu/device/kit_check.py
-T="python3 -m pytest -q -s -p no:cacheprovider --basetemp=/tmp/pt-main"  # two streams: each its own basetemp
+T="python3 -m pytest -q -s -p no:cacheprovider --timeout=240 --basetemp=/tmp/pt-main"  # two streams: each its own basetemp
 G=tests/gpu
 (
   export CUDA_VISIBLE_DEVICES=0; T=${T/pt-main/pt-g0}

@@ -4,7 +4,7 @@
 source .gpu/sh/setup.sh || exit 1
 source .gpu/sh/lib.sh
 export RLJOB_RESULTS_DIR=$J STEP_LOGS=j
-T="python3 -m pytest -q -s -p no:cacheprovider --basetemp=/tmp/pt-main"
+T="python3 -m pytest -q -s -p no:cacheprovider --timeout=240 --basetemp=/tmp/pt-main"
 G=tests/gpu
 step nccl 240 $T $G/test_sglang_nccl.py
 step examples-2gpu 160 $T "$G/test_examples_gpu.py::test_a_scaled_down_example_runs[grpo-disaggregated.yaml]" \

@@ -259,7 +259,9 @@ class RolloutManager:
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            # no connection cap of aiohttp's own (100 by default): ``concurrency`` bounds the requests,
+            # and a rollout's 256 requests must all reach SGLang to fill its batch
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     async def _engine_request(

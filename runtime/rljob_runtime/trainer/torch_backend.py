@@ -22,7 +22,7 @@ import datetime
 import os
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +69,19 @@ def needs_reference(spec: RLTrainingJobSpec) -> bool:
     return spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0
 
 
-def actor_env() -> dict[str, str]:
+def actor_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Environment of a rank's process, set before torch is imported (Ray runtime_env env_vars):
-    OpenMP threads sleep instead of spinning when idle (cores are shared with engines/other ranks)."""
-    return {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    OpenMP threads sleep instead of spinning when idle (cores are shared with engines/other ranks).
+    NCCL_CUMEM_ENABLE as SGLang's processes have it: SGLang sets 0 unless the environment says
+    otherwise, and the two ends of one NCCL communicator (the weight-update group) must agree, or
+    the engine's first receive fails with "unhandled cuda error ... invalid argument" (seen on two
+    H200s, docs/BENCHMARKS.md session 7)."""
+    return {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "NCCL_CUMEM_ENABLE": environ.get("NCCL_CUMEM_ENABLE", "0"),
+    }
 
 
 def set_seed(seed: int) -> None:
