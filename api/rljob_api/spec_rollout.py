@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from .base import ApiModel, ImportPath, section
-from .rules import immutable
+from .rules import Rule, immutable
+from .sglang_flags import RUNTIME_OWNED_SGLANG_FLAGS, spellings
 
 
 class RouterSpec(ApiModel):
@@ -21,6 +23,15 @@ class RouterSpec(ApiModel):
 
 class AsyncSpec(ApiModel):
     """Asynchronous training: generation of the next step overlaps training on this one."""
+
+    rules = (
+        Rule(
+            cel="self.bufferSize <= 1",
+            message="rollout.async.bufferSize above 1 is not supported yet: one rollout is in flight at a time",
+            field=".bufferSize",
+            check=lambda a: a.buffer_size <= 1,
+        ),
+    )
 
     enabled: bool = Field(
         default=False,
@@ -40,16 +51,54 @@ class AsyncSpec(ApiModel):
     )
 
 
+# A value is one argv word: no whitespace, no leading dash (either would smuggle in another flag).
+# The pattern sits on the map's values, so the API server's error names the key.
+SGLANG_ARG_VALUE = r"^([^\s-]\S*)?$"
+SGLANG_ARG_KEY = r"^[a-z0-9][a-z0-9_-]*$"
 SGLangArgs = Annotated[
-    dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]],
+    dict[
+        Annotated[str, Field(max_length=128)],
+        Annotated[str, Field(max_length=1024, pattern=SGLANG_ARG_VALUE)],
+    ],
     Field(max_length=64),
 ]
+
+
+def _owned_flag_rule(flag: str, why: str) -> Rule:
+    kebab, snake = spellings(flag)
+    return Rule(
+        cel=f"!('{kebab}' in self.sglangArgs) && !('{snake}' in self.sglangArgs)",
+        message=f"rollout.sglangArgs must not set {flag}: {why}",
+        field=".sglangArgs",
+        check=lambda r, kebab=kebab, snake=snake: kebab not in r.sglang_args and snake not in r.sglang_args,
+    )
+
+
+_SGLANG_ARGS_RULES = (
+    Rule(
+        cel=f"self.sglangArgs.all(k, k.matches('{SGLANG_ARG_KEY}'))",
+        message="rollout.sglangArgs keys are SGLang flag names without the leading dashes, in lower case "
+        "(e.g. mem-fraction-static)",
+        field=".sglangArgs",
+        check=lambda r: all(re.fullmatch(SGLANG_ARG_KEY, k) for k in r.sglang_args),
+    ),
+    *(_owned_flag_rule(flag, why) for flag, why in RUNTIME_OWNED_SGLANG_FLAGS.items()),
+)
 
 
 class RolloutSpec(ApiModel):
     """Generation settings."""
 
-    rules = (immutable("engine", "engine", hint="the engine is part of the job's pods; create a new job"),)
+    rules = (
+        immutable("engine", "engine", hint="the engine is part of the job's pods; create a new job"),
+        *_SGLANG_ARGS_RULES,
+        Rule(
+            cel="!self.partialRollout",
+            message="rollout.partialRollout is not supported yet: aborted responses are dropped, not continued",
+            field=".partialRollout",
+            check=lambda r: not r.partial_rollout,
+        ),
+    )
 
     engine: Literal["sglang", "hf"] = Field(
         default="sglang",
@@ -80,7 +129,10 @@ class RolloutSpec(ApiModel):
     sglang_args: SGLangArgs = Field(
         default_factory=dict,
         description="Extra SGLang server arguments without the leading dashes, e.g. "
-        "{mem-fraction-static: '0.7', context-length: '8192'}; an empty value passes a bare flag.",
+        "{mem-fraction-static: '0.7', context-length: '8192'}; an empty value passes a bare flag. A value "
+        "is one word: no whitespace, no leading dash. Flags the runtime sets are refused: "
+        + ", ".join(RUNTIME_OWNED_SGLANG_FLAGS)
+        + ".",
     )
     router: RouterSpec = section(RouterSpec, "The sglang-router in front of the engines.")
     custom_generate: ImportPath | None = Field(

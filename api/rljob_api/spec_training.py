@@ -82,6 +82,34 @@ class TrainingSpec(ApiModel):
                 == (1, 1, 1, 1)
             ),
         ),
+        # Accepted by the API, not by the runtime yet: refused here so no job takes GPUs to fail.
+        Rule(
+            cel="!self.dynamicBatch.enabled",
+            message="training.dynamicBatch is not supported yet (packing micro-batches by token count): "
+            "use microBatchSize",
+            field=".dynamicBatch.enabled",
+            check=lambda t: not t.dynamic_batch.enabled,
+        ),
+        Rule(
+            cel="size(self.megatronArgs) == 0",
+            message="training.megatronArgs is not supported yet: no Megatron option passes through",
+            field=".megatronArgs",
+            check=lambda t: not t.megatron_args,
+        ),
+        Rule(
+            cel="self.backend != 'megatron' || self.parallelism.expert == 1",
+            message="training.parallelism.expert above 1 is not supported yet by backend megatron (MoE needs "
+            "TransformerEngine)",
+            field=".parallelism.expert",
+            check=lambda t: t.backend != "megatron" or t.parallelism.expert == 1,
+        ),
+        Rule(
+            cel="!self.parallelism.sequenceParallel",
+            message="training.parallelism.sequenceParallel is not supported yet (it needs TransformerEngine's "
+            "norms)",
+            field=".parallelism.sequenceParallel",
+            check=lambda t: not t.parallelism.sequence_parallel,
+        ),
         immutable("backend", "backend", hint="checkpoints are in this backend's format; create a new job"),
         immutable(
             "parallelism", "parallelism", hint="checkpoints are sharded for this layout; create a new job"

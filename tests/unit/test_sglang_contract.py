@@ -206,6 +206,20 @@ def test_the_source_checked_is_the_pinned_release() -> None:
     assert versions == [pinned_sglang_version()]
 
 
+def test_the_flags_the_api_refuses_are_sglangs() -> None:
+    """Every flag ``rollout.sglangArgs`` may not set (the runtime sets it) is a flag of the pinned
+    SGLang: a ServerArgs field, or an alias SGLang registers (e.g. --tensor-parallel-size)."""
+    from rljob_api.sglang_flags import RUNTIME_OWNED_SGLANG_FLAGS
+
+    source = (sglang_root() / "srt" / "server_args.py").read_text()
+    known = server_args_fields()
+    missing = [
+        f for f in RUNTIME_OWNED_SGLANG_FLAGS if f.replace("-", "_") not in known and f'"--{f}"' not in source
+    ]
+    assert not missing, f"not SGLang flags: {missing}"
+    assert "not_a_flag" not in known and '"--not-a-flag"' not in source  # the check can fail
+
+
 def test_contract_catches_a_wrong_field() -> None:
     """The check is not vacuous: a made-up field is reported missing."""
     assert "not_a_field" not in _fields(io_struct_classes(), "GenerateReqInput")
