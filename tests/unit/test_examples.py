@@ -96,3 +96,90 @@ def test_multiturn_tools_example_validates_and_prepares(
     first = prepared.source.next_batch(1)[0].to_samples(1)[0]
     assert first.prompt_ids and "<calc>12*7</calc>" in str(first.prompt)
     assert not ray.is_initialized()
+
+
+QWEN3 = {  # the real models' config.json values the megatron backend's layout check reads
+    "Qwen3-4B": {
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-8B": {
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def _stand_in_model(dest: Path, name: str) -> Path:
+    """A Qwen3 directory as the manifest names it: its real config, SmolLM2's tokenizer (prepare
+    loads a tokenizer, not weights)."""
+    import json
+    import shutil
+
+    from rljob_runtime.models import resolve_model
+
+    smol = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    dest.mkdir(parents=True)
+    for item in smol.iterdir():
+        if item.name.startswith("tokenizer") or item.name == "chat_template.jinja":
+            shutil.copy2(item, dest / item.name)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "hidden_act": "silu",
+        **QWEN3[name],
+    }
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+@pytest.mark.slow  # resolves SmolLM2's tokenizer (a conversion the first time, then cached)
+@pytest.mark.parametrize("name", ["grpo-job.yaml", "grpo-disaggregated.yaml", "grpo-async.yaml"])
+def test_gpu_examples_pass_prepare_with_gpus_stood_in(name: str, tmp_path: Path) -> None:
+    """The GPU examples as written (engine sglang, megatron, their parallelism, batch sizes, algorithm
+    and reward) pass the runtime's prepare, with only their paths pointing at stand-ins here: the
+    model (its real config.json), the data and evaluation sets, the checkpoint directory."""
+    import json
+
+    import ray
+
+    from rljob_runtime.driver import prepare
+
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    spec = doc["spec"]
+    model_name = Path(spec["model"]["path"]).name
+    spec["model"]["path"] = str(_stand_in_model(tmp_path / model_name, model_name))
+    data = spec["data"]
+    rows = [
+        {data.get("inputKey", "prompt"): f"What is {i} + {i}?", data.get("labelKey", "label"): str(2 * i)}
+        for i in range(8)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data["path"] = str(tmp_path / "train.jsonl")
+    for dataset in data.get("eval", {}).get("datasets", []):
+        dataset["path"] = data["path"]
+    spec["checkpoint"]["path"] = str(tmp_path / "ckpt")
+    parsed, _ = parse_document(doc)
+    prepared = prepare(parsed)
+    assert len(prepared.source) == 8 and prepared.spec.rollout.engine == "sglang"
+    assert (
+        prepared.spec.training.backend == "megatron"
+        and prepared.spec.total_gpus()
+        == {
+            "grpo-job.yaml": 8,
+            "grpo-disaggregated.yaml": 16,
+            "grpo-async.yaml": 8,
+        }[name]
+    )
+    assert not ray.is_initialized()
