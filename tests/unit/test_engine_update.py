@@ -214,3 +214,12 @@ def test_memory_release_waits_for_idle_and_for_a_running_health_check(setup: Any
     assert not manager._health_paused
     bodies = [b for u, p, b in fake.log if u == A and p == "/resume_memory_occupation"]
     assert bodies == [{"tags": ["weights"]}, {"tags": ["kv_cache", "cuda_graph"]}]
+
+
+def test_an_engine_refusing_the_pause_fails_the_update_and_the_others_go_on(setup: Any) -> None:
+    manager, fake, _ = setup
+    fake.answer(B, "/pause_generation", 400)
+    with pytest.raises(WeightUpdateError, match="http://b"), manager.updating(9):
+        pass
+    assert fake.paths(A)[-1] == "/continue_generation" and manager.weight_version == "default"
+    assert not manager._weights_lock.locked()

@@ -540,11 +540,13 @@ class RolloutManager:
             update = EngineUpdate(
                 self, [e.url for e in engines], {e.url: e.tp_size for e in engines}, fresh=False
             )
-            self._call(update.begin())
             try:
+                self._call(update.begin())
                 yield update
             except BaseException:
-                self._call(update.end(None))  # generation goes on with the old weights
+                # generation goes on with the old weights; the update's own error is the one to raise
+                with contextlib.suppress(Exception):
+                    self._call(update.end(None))
                 raise
             self._call(update.end(new))
             self.weight_version = new
