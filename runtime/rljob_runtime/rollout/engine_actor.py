@@ -180,6 +180,7 @@ class EngineProcess:
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="rljob-engines-"))
         self.startup_timeout_s = startup_timeout_s
         self.launches = 0
+        self.command: list[str] = []  # the last launch's command line
         # one-element holder, so the finalizer (GC and interpreter exit) sees the current process
         self._procs: list[subprocess.Popen[bytes] | None] = [None]
         self._url: str | None = None
@@ -232,7 +233,7 @@ class EngineProcess:
     def _launch_once(self, model_path: str, port: int) -> None:
         self.launches += 1
         self._log = self.log_dir / f"engine{self.index}-{self.launches}.log"
-        cmd = self._command(model_path, port)
+        cmd = self.command = self._command(model_path, port)
         env = self._env()
         self._proc = self._spawner.submit(procs.spawn, cmd, log_path=self._log, env=env).result()
         self._url = f"http://{self.host}:{port}"
