@@ -21,19 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for _path in (REPO / "runtime", REPO / "api", HERE):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_env import KIT_SGLANG_ARGS, REPO
+from model_dirs import MODELS, ensure_model_dir
 
-from model_dirs import MODELS, ensure_model_dir  # noqa: E402
-
-KIT_SGLANG_ARGS = {
-    "attention-backend": "triton",
-    "sampling-backend": "pytorch",
-    "disable-flashinfer-autotune": "",
-}
 PHASES = (
     "generate",
     "release_engines",

@@ -74,20 +74,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for _path in (REPO / "runtime", REPO / "api", HERE):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import throughput_report as report
+from bench_env import KIT_SGLANG_ARGS
+from model_dirs import MODELS, ensure_model_dir
 
-import throughput_report as report  # noqa: E402
-from model_dirs import MODELS, ensure_model_dir  # noqa: E402
-
-KIT_SGLANG_ARGS = {
-    "attention-backend": "triton",
-    "sampling-backend": "pytorch",
-    "disable-flashinfer-autotune": "",
-}
 FULL = {"model": "0.5b", "prompts": 256, "prompt_len": 128, "new_tokens": 256}
 TINY = {"model": "tiny", "prompts": 4, "prompt_len": 8, "new_tokens": 8}
 MODES = ("stock", "runtime", "hf")

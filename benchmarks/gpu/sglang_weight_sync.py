@@ -29,23 +29,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for _path in (REPO / "runtime", REPO / "api", HERE):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from model_dirs import MODELS, ensure_model_dir  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_env import KIT_SGLANG_ARGS
+from model_dirs import MODELS, ensure_model_dir
 
 TARGET_GBPS = {"ipc": 200.0, "nccl": 150.0}
 TARGET_MODEL = "4b"
 NVLINK_GBPS = 450.0
-# The GPU kit's SGLang has no FA3 kernels (benchmarks/gpu/device/README.md).
-KIT_SGLANG_ARGS = {
-    "attention-backend": "triton",
-    "sampling-backend": "pytorch",
-    "disable-flashinfer-autotune": "",
-}
 PARTS = ("time/sync_export", "time/sync_share", "time/sync_load", "time/sync_pause_flush", "time/sync_finish")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ from learning import demo_spec
 pytest.importorskip("sglang")  # the GPU kit (benchmarks/gpu/device) brings the pinned SGLang
 pytest.importorskip("ray")
 
-# The kit's SGLang has no FA3 kernels (benchmarks/gpu/device/README.md): the triton attention backend.
-KIT_ARGS = {"attention-backend": "triton", "sampling-backend": "pytorch", "disable-flashinfer-autotune": ""}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+from bench_env import KIT_SGLANG_ARGS as KIT_ARGS
+
 PROMPTS = [
     [1, 9690, 198, 4238, 314, 216, 34, 27, 35, 47],
     [504, 3714, 284, 1780, 314],
