@@ -259,14 +259,19 @@ def test_sigterm_mid_run_leaves_no_orphans(model_dir: Path, tmp_path: Path) -> N
 def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path) -> None:
     from rljob_runtime.driver import RunError
 
-    spec = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
-    spec.rollout.async_.enabled = True
-    spec.rollout.async_.buffer_size = 3
-    spec.rollout.partial_rollout = True
+    valid = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
+    # The API refuses these at admission; a spec built in code (model_copy skips validation) still
+    # meets the runtime's own refusal.
+    rollout = valid.rollout.model_copy(
+        update={
+            "async_": valid.rollout.async_.model_copy(update={"enabled": True, "buffer_size": 3}),
+            "partial_rollout": True,
+        }
+    )
     with pytest.raises(RunError, match=r"rollout\.partialRollout; .*rollout\.async\.bufferSize > 1"):
-        prepare(spec)
-    spec.rollout.async_.buffer_size = 1
-    spec.rollout.partial_rollout = False
+        prepare(valid.model_copy(update={"rollout": rollout}))
+    spec = valid
+    spec.rollout.async_.enabled = True
     spec.algorithm.dynamic_sampling.enabled = True
     spec.rollout.n_samples_per_prompt = 1
     with pytest.raises(RunError, match=r"dynamicSampling needs rollout\.nSamplesPerPrompt >= 2"):
