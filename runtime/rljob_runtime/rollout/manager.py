@@ -26,9 +26,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 import ray
@@ -38,6 +37,7 @@ from . import protocol
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options
 from .engine_update import EngineUpdate
+from .engines import ENGINE_CONCURRENCY, Engine, HealthCheck, Refresher, kill_actor
 from .errors import EngineGone, EngineRestartsExhausted, RolloutError, WeightUpdateError
 from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
 from .router import Router
@@ -45,46 +45,6 @@ from .router import Router
 log = logging.getLogger("rljob.rollout.manager")
 
 T = TypeVar("T")
-EngineState = Literal["serving", "updating", "replacing", "failed"]
-
-
-@dataclass(frozen=True)
-class HealthCheck:
-    enabled: bool = True
-    first_wait_s: float = 300.0
-    interval_s: float = 30.0
-    timeout_s: float = 30.0
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> HealthCheck:
-        hc = spec.fault_tolerance.engine_health_check
-        return cls(hc.enabled, hc.first_wait_seconds, hc.interval_seconds, hc.timeout_seconds)
-
-
-@dataclass
-class Engine:
-    index: int
-    slot: Any  # placement.Slot: the engine's first bundle
-    actor: Any
-    url: str
-    state: EngineState = "serving"
-    restarts: int = 0
-    last_replacement_s: float | None = None  # failed check -> registered again
-    tp_size: int = 1
-    pending_url: str | None = None  # a relaunched server's URL until it is registered
-    health_task: asyncio.Task[None] | None = field(default=None, repr=False)
-    # held by a health check's request and by memory release/resume: SGLang refuses (asserts) a
-    # release while any request, a health check's one-token generation included, is running
-    busy: asyncio.Lock | None = field(default=None, repr=False)
-
-
-Refresher = Callable[[str], None]
-# Requests in flight per engine: SGLang schedules hundreds at once (its own max_running_requests caps
-# them); the hf engine batches fewer and is slower to answer a flood.
-ENGINE_CONCURRENCY = {
-    "sglang": 512,
-    "hf": 64,
-}  # brings the relaunched engine at this URL to the current weights
 
 
 class RolloutManager:
@@ -203,7 +163,7 @@ class RolloutManager:
             if router is not None:
                 router.stop()
             for actor in actors:
-                _kill_actor(actor)
+                kill_actor(actor)
             raise
         engines = [
             Engine(index, slot, actor, url, tp_size=placement.gpus_per_engine)
@@ -489,7 +449,7 @@ class RolloutManager:
             return str(await engine.actor.restart.remote())
         except ray.exceptions.RayActorError:
             # the actor itself is gone (its process or node died): a new one on the same bundle
-            _kill_actor(engine.actor)
+            kill_actor(engine.actor)
             engine.actor = self._new_actor(engine)
             return str(await engine.actor.start.remote())
 
@@ -718,7 +678,7 @@ class RolloutManager:
         except Exception as exc:  # a dead actor: its server died with it (PDEATHSIG)
             log.warning("rollout manager: engine shutdown: %s", exc)
         for engine in self.engines:
-            _kill_actor(engine.actor)
+            kill_actor(engine.actor)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
@@ -727,10 +687,3 @@ class RolloutManager:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _kill_actor(actor: Any) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception as exc:  # already dead, or Ray is shutting down
-        log.debug("ray.kill: %s", exc)
