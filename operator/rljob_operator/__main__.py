@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ray-version", default=BuildSettings.ray_version, help="Ray version of the runtime image"
     )
+    parser.add_argument(
+        "--secret-preflight",
+        action="store_true",
+        help="check that referenced Secrets exist before creating a job's children (needs get secrets)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -57,9 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import handlers  # registers the handlers with kopf
 
     handlers.Options.settings = BuildSettings(
-        ray_version=args.ray_version, submission_mode=args.submission_mode
+        ray_version=args.ray_version,
+        submission_mode=args.submission_mode,
+        secret_preflight=args.secret_preflight,
     )
     handlers.Options.resync_seconds = args.resync_seconds
+    handlers.Options.namespaces = tuple(args.namespace)
     if args.metrics_port:
         start_http_server(args.metrics_port)
     kopf.run(

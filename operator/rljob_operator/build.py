@@ -45,6 +45,10 @@ class BuildSettings:
 
     ray_version: str = "2.60.0"
     submission_mode: Literal["HTTPMode", "K8sJobMode"] = "HTTPMode"
+    # Check that referenced Secrets exist before creating anything. Needs `get secrets` in the
+    # job's namespace, which the chart grants only per namespace on request; without it a missing
+    # Secret shows as the pods' CreateContainerConfigError.
+    secret_preflight: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Pre-flight checks (pure): problems that would make the RayJob fail or hang, found before any
-object is created. The handlers gather the facts (nodes, secrets, claims) and pass them in."""
+object is created, and problems the job's pods report once they exist. The reconciler gathers the
+facts (nodes, secrets, claims, pods) and passes them in."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .build import worker_groups
 from .job import Job
@@ -64,8 +66,10 @@ def check_nodes(job: Job, nodes: Iterable[NodeInfo]) -> Blocker | None:
     return None
 
 
-def check_references(job: Job, secrets: set[str], claims: set[str]) -> Blocker | None:
-    """Secrets and PersistentVolumeClaims the pods would mount or read must exist."""
+def check_references(job: Job, secrets: set[str] | None, claims: set[str]) -> Blocker | None:
+    """Secrets and PersistentVolumeClaims the pods would mount or read must exist. `secrets` is None
+    when the operator may not read Secrets (the default install): then a missing one shows up as
+    the pods' CreateContainerConfigError instead (check_pods)."""
     res = job.spec.resources
     needed: list[tuple[str, str]] = []
     for field, ref in (
@@ -78,7 +82,7 @@ def check_references(job: Job, secrets: set[str], claims: set[str]) -> Blocker |
         ref = env.value_from.secret_key_ref if env.value_from else None
         if ref is not None and not ref.optional:
             needed.append((f"resources.env[{i}] ({env.name})", ref.name))
-    missing = [(field, name) for field, name in needed if name not in secrets]
+    missing = [(field, name) for field, name in needed if secrets is not None and name not in secrets]
     if missing:
         listed = "; ".join(f"{name!r} (from spec.{field})" for field, name in missing)
         return Blocker(
@@ -92,6 +96,28 @@ def check_references(job: Job, secrets: set[str], claims: set[str]) -> Blocker |
             f"PersistentVolumeClaim {volume.claim_name!r} (spec.checkpoint.volume.claimName) not found in "
             f"namespace {job.namespace}. Create it; the job starts when it exists.",
         )
+    return None
+
+
+# Waiting reasons no retry by the kubelet can fix without a change in the cluster or the spec.
+_STUCK_WAITING = ("CreateContainerConfigError",)
+
+
+def check_pods(job: Job, pods: Iterable[Mapping[str, Any]]) -> Blocker | None:
+    """A job pod whose container cannot be created (a Secret or key it reads is missing, ...)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + (
+            status.get("containerStatuses") or []
+        ):
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in _STUCK_WAITING:
+                detail = waiting.get("message") or waiting["reason"]
+                return Blocker(
+                    waiting["reason"],
+                    f"pod {pod['metadata']['name']} cannot start container {container.get('name')!r}: "
+                    f"{detail}. Create what it names in namespace {job.namespace}; the pod starts when it exists.",
+                )
     return None
 
 

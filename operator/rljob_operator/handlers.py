@@ -16,6 +16,7 @@ from .build import BuildSettings
 from .kube import Kube, load_config
 from .metrics import Metrics
 from .names import FINALIZER, GROUP_PREFIX, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
+from .permissions import describe_api_error
 from .reconcile import Reconciler
 from .status import TERMINAL
 
@@ -27,6 +28,7 @@ class Options:
 
     settings = BuildSettings()
     resync_seconds = 60.0
+    namespaces: tuple[str, ...] = ()  # empty: the whole cluster
 
 
 _state: dict[str, Any] = {}
@@ -36,8 +38,27 @@ def reconciler() -> Reconciler:
     return _state["reconciler"]
 
 
+_posting: set[asyncio.Task[None]] = set()  # strong references until each event is posted
+
+
 def _emit(obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(obj, type=type_, reason=reason, message=message[:1024])
+    """Post without holding up the reconcile; a failure is logged whole, never raised."""
+
+    async def post() -> None:
+        try:
+            await reconciler().kube.post_event(obj, type_, reason, message)
+        except Exception as exc:
+            log.warning(
+                "cannot post event %s on %s/%s: %s",
+                reason,
+                obj["metadata"].get("namespace"),
+                obj["metadata"]["name"],
+                describe_api_error(exc),
+            )
+
+    task = asyncio.get_running_loop().create_task(post())
+    _posting.add(task)
+    task.add_done_callback(_posting.discard)
 
 
 @kopf.on.startup()
@@ -45,9 +66,12 @@ async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP_PREFIX)
-    settings.posting.level = logging.INFO
+    settings.posting.enabled = False  # every event is ours (kube.post_event), posted from any context
     settings.networking.error_backoffs = [1, 2, 5, 10, 30, 60]
     settings.watching.server_timeout = 300
+    # Serve the resources found at startup: watching CRDs and namespaces for changes would need
+    # cluster-wide list/watch on both, which the chart's least-privilege role does not grant.
+    settings.scanning.disabled = True
     load_config()
     _state["reconciler"] = Reconciler(
         Kube(), Options.settings, _state.setdefault("metrics", Metrics()), _emit
@@ -67,9 +91,13 @@ async def _resync_forever() -> None:
     while True:
         await asyncio.sleep(Options.resync_seconds)
         try:
-            jobs = await reconciler().kube.list_jobs()
+            jobs = [
+                job
+                for namespace in Options.namespaces or (None,)
+                for job in await reconciler().kube.list_jobs(namespace)
+            ]
         except Exception as exc:
-            log.warning("resync: cannot list jobs: %s", exc)
+            log.warning("resync: cannot list jobs: %s", describe_api_error(exc))
             continue
         for job in jobs:
             await reconciler().reconcile(job["metadata"]["namespace"], job["metadata"]["name"])

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -28,6 +30,7 @@ PLURALS = {
     ("ray.io/v1", "RayJob"): "rayjobs",
     (API_VERSION, KIND): PLURAL,
 }
+EVENT_COMPONENT = "rljob-operator"
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
@@ -147,6 +150,38 @@ class Kube:
             for n in items
             if not (n.get("spec") or {}).get("unschedulable")
         ]
+
+    async def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on `obj`, posted by this client: kopf's own poster works only inside a
+        kopf handler, and transitions found by the resync or a retry must be announced too."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", API_VERSION),
+                "kind": obj.get("kind", KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "action": "Reconcile",
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": socket.gethostname()[:128],
+            # Microseconds, so events of one second keep their order.
+            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
 
     async def exists(self, namespace: str, resource: str, name: str) -> bool:
         """Whether a core object (secrets, persistentvolumeclaims) exists; reads metadata only."""

@@ -16,19 +16,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from rljob_api.errors import SpecError
 
 from .build import BuildSettings, build_rayjob
 from .build_rbac import build_runtime_rbac
-from .checks import Blocker, check_name, check_nodes, check_references
+from .checks import Blocker, check_name, check_nodes, check_pods, check_references
 from .job import Job, job_from_object
 from .kube import Kube
 from .metrics import Metrics
 from .names import KUEUE_GATE_MANAGER, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
+from .permissions import Denial, denial, describe_api_error
 from .quota import Decision, JobDemand, Quota, decide
-from .status import TERMINAL, Observed, compute_status, status_changed
+from .status import TERMINAL, Observed, compute_status, denied_status, status_changed
 
 log = logging.getLogger("rljob.operator")
 
@@ -63,8 +62,11 @@ class Reconciler:
                     name,
                     failures,
                     delay,
-                    _brief(exc),
+                    describe_api_error(exc),
                 )
+                refused = denial(exc)
+                if refused is not None:
+                    await self._report_denial(namespace, name, refused)
                 self._retry_later(key, delay)
             else:
                 self.metrics.reconciles.labels(result="ok").inc()
@@ -118,11 +120,31 @@ class Reconciler:
                             "Created",
                             f"created RayJob {rayjob['metadata']['name']} ({job.spec.total_gpus()} GPUs)",
                         )
-        status = compute_status(job, Observed(now, rayjob, blocker, queue))
+        pods = None
+        if rayjob is not None and job.status.get("phase") in ("Starting", "Pending", None):
+            pods = check_pods(job, await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"))
+        status = compute_status(job, Observed(now, rayjob, blocker, queue, pods))
         if status_changed(job.status, status):
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
-        self.metrics.observe((namespace, name), status["phase"], status["gpus"])
+        self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
+
+    async def _report_denial(self, namespace: str, name: str, refused: Denial) -> None:
+        """A permission the operator lacks: say which in the log, an event and the job's Stalled
+        condition (each best effort: the missing rule may be the one these need)."""
+        message = refused.message()
+        log.error("permission denied while reconciling %s/%s: %s", namespace, name, message)
+        try:
+            obj = await self.kube.get_job(namespace, name)
+            if obj is None:
+                return
+            self.emit(obj, "Warning", "PermissionDenied", message)
+            job = job_from_object(obj)
+            denied = denied_status(job, message, datetime.now(UTC))
+            if status_changed(job.status, denied):
+                await self.kube.apply_job_status(namespace, name, denied)
+        except Exception as exc:
+            log.error("cannot report the denial on %s/%s: %s", namespace, name, describe_api_error(exc))
 
     async def _record_pending(self, obj: dict[str, Any], job: Job, observed: Observed) -> Job:
         """A new job is Pending before its children exist: watchers (kubectl get -w, kstatus,
@@ -143,7 +165,9 @@ class Reconciler:
         wanted += [
             e.value_from.secret_key_ref.name for e in res.env if e.value_from and e.value_from.secret_key_ref
         ]
-        secrets = {s for s in set(wanted) if await self.kube.exists(job.namespace, "secrets", s)}
+        secrets = None
+        if self.settings.secret_preflight:  # only where the install grants `get secrets`
+            secrets = {s for s in set(wanted) if await self.kube.exists(job.namespace, "secrets", s)}
         claims = set()
         volume = job.spec.checkpoint.volume
         if volume is not None and await self.kube.exists(
@@ -240,9 +264,3 @@ def _int(quantity: str | int) -> int:
         return int(quantity)
     except (TypeError, ValueError):
         return 0
-
-
-def _brief(exc: Exception) -> str:
-    if isinstance(exc, ApiException):
-        return f"API error {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
-    return f"{type(exc).__name__}: {exc}"

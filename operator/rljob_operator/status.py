@@ -42,6 +42,7 @@ class Observed:
     rayjob: Mapping[str, Any] | None = None
     blocker: Blocker | None = None
     queue: Decision | None = None
+    pods: Blocker | None = None  # a job pod that cannot start (check_pods), read while Starting
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,12 @@ def decide_phase(job: Job, seen: Observed) -> Verdict:
         if seen.queue is not None and not seen.queue.admitted:
             return Verdict("Queued", seen.queue.reason, seen.queue.message)
         return Verdict("Pending", "Creating", "creating the RayJob and the runtime's ServiceAccount")
-    verdict = _rayjob_phase(job, rayjob)
-    return verdict or Verdict(
+    verdict = _rayjob_phase(job, rayjob) or Verdict(
         "Starting", "Starting", "the RayJob was created; waiting for KubeRay to start it"
     )
+    if verdict.phase == "Starting" and seen.pods is not None:
+        return Verdict("Starting", seen.pods.reason, seen.pods.message, stalled=True)
+    return verdict
 
 
 _SUSPENDED = (
@@ -202,6 +205,15 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
             job.status.get("completionTime") or rayjob_status.get("endTime") or _time(seen.now)
         )
     return status
+
+
+def denied_status(job: Job, message: str, now: datetime) -> dict[str, Any]:
+    """The job's operator-owned status with Stalled=True for a permission the operator lacks; the
+    phase stays (the job itself is fine), and every other field is kept so the apply removes none."""
+    phase = job.status.get("phase") or "Pending"
+    kept = {key: value for key, value in job.status.items() if key != "progress"}
+    verdict = Verdict(phase, "PermissionDenied", message, stalled=True)
+    return {**kept, "phase": phase, "conditions": conditions(job, verdict, now)}
 
 
 def status_changed(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -19,10 +19,18 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        resync_seconds: float = 5.0,
+        args: tuple[str, ...] = ("--secret-preflight",),
+    ) -> None:
+        """`args`: extra flags (the admin kubeconfig may read Secrets, so the pre-flight runs)."""
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
         self.resync_seconds = resync_seconds
+        self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.health_port = 0
@@ -41,6 +49,7 @@ class OperatorProcess:
             f"--metrics-port={self.metrics_port}",
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             f"--resync-seconds={self.resync_seconds}",
+            *self.args,
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

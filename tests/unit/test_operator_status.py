@@ -12,7 +12,7 @@ from operator_fixtures import NOW, job_from_spec
 from rljob_api.status import RLTrainingJobStatus
 from rljob_operator.checks import Blocker
 from rljob_operator.quota import Decision
-from rljob_operator.status import Observed, compute_status, decide_phase, status_changed
+from rljob_operator.status import Observed, compute_status, decide_phase, denied_status, status_changed
 
 
 def rayjob(
@@ -63,6 +63,26 @@ CASES = [
         Observed(NOW, blocker=Blocker("SecretNotFound", "Secret 'hf' not found")),
         "Pending",
         "Failed",
+    ),
+    (
+        "pod cannot start",
+        Observed(
+            NOW,
+            rayjob=rayjob("Initializing"),
+            pods=Blocker("CreateContainerConfigError", 'secret "hf" not found'),
+        ),
+        "Starting",
+        "Failed",
+    ),
+    (
+        "pod problem ignored once running",
+        Observed(
+            NOW,
+            rayjob=rayjob("Running", "RUNNING"),
+            pods=Blocker("CreateContainerConfigError", 'secret "hf" not found'),
+        ),
+        "Running",
+        "Current",
     ),
     (
         "name too long",
@@ -152,3 +172,17 @@ def test_children_gpus_and_restarts() -> None:
         "rayCluster": "job-a-x7k2p",
     }
     assert status["gpus"] == 16 and status["restarts"] == 1 and status["queue"] == "q"
+
+
+def test_a_denied_permission_stalls_the_job_and_keeps_everything_else() -> None:
+    running = compute_status(job_from_spec(), Observed(NOW, rayjob=rayjob("Running", "RUNNING")))
+    job = job_from_spec(status={**running, "progress": {"step": 3}})
+    denied = denied_status(job, "the operator is not allowed to get rayjobs.ray.io", NOW + timedelta(1))
+    assert denied["phase"] == "Running" and "progress" not in denied  # the runtime owns progress
+    assert {k: v for k, v in denied.items() if k != "conditions"} == {
+        k: v for k, v in running.items() if k != "conditions"
+    }
+    stalled = next(c for c in denied["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "PermissionDenied"
+    assert "not allowed to get rayjobs.ray.io" in stalled["message"]
+    assert kstatus(denied) == "Failed"
