@@ -32,11 +32,13 @@ lint: venv ## ruff check + format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-crds: venv ## regenerate crds/ from the pydantic models
+crds: venv ## regenerate crds/ (and the chart's copy) from the pydantic models
 	$(PY) -m rljob_api.crdgen --out crds
+	cp crds/*.yaml charts/rljob/crds/
 
-crds-check: venv ## fail when crds/ is stale
+crds-check: venv ## fail when crds/ or the chart's copy is stale
 	$(PY) -m rljob_api.crdgen --check crds
+	@diff -r crds charts/rljob/crds >/dev/null || { echo "charts/rljob/crds differs from crds/: run make crds"; exit 1; }
 
 docs: venv ## regenerate docs/api-reference.md from the models
 	$(PY) -m rljob_api.docgen --out docs/api-reference.md

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,25 +98,24 @@ def _status(name: str) -> tuple[bool, dict[str, Any]]:
     return proc.returncode == 0 and bool(info.get("ok")), info
 
 
-def _refuse_a_second_operator(name: str) -> None:
-    """`make demo` leaves its operator running on the cluster; the tests start their own, and two
-    operators reconciling the same jobs make the operator tests meaningless."""
+def _stop_the_demo_operator(name: str) -> None:
+    """`make demo` leaves its operator running on the cluster; two operators reconciling the same
+    jobs would make the operator tests meaningless, so the tests stop it (the next `make demo`
+    starts it again) and say so."""
     from rljob_demo import operator_proc
 
     cache = Path(os.environ.get("RLJOB_CACHE", Path.home() / ".cache" / "rljob"))
-    info = operator_proc.running(cache / "demo" / name / "operator.json")
+    state_file = cache / "demo" / name / "operator.json"
+    info = operator_proc.running(state_file)
     if info is not None:
-        pytest.fail(
-            f"the `make demo` operator (pid {info.pid}) runs on cluster {name}: stop it with "
-            f"`make demo-down` (or RLJOB_CLUSTER=<another name> for the tests)",
-            pytrace=False,
-        )
+        operator_proc.stop(state_file)
+        sys.stderr.write(f"\n[e2e] stopped the `make demo` operator (pid {info.pid}) on cluster {name}\n")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
-    _refuse_a_second_operator(name)
+    _stop_the_demo_operator(name)
     ok, info = _status(name)
     started = False
     if not ok:
@@ -174,14 +173,20 @@ def crd(cluster: Cluster) -> Cluster:
     from rljob_api.resource import CRD_NAME
 
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    # Discovery and the published OpenAPI (kubectl explain) of a new kind lag Established a little.
+    # Polled: `kubectl wait --for=condition=Established` fails outright on a CRD whose status is
+    # not written yet. Discovery and the published OpenAPI (kubectl explain) lag Established a little.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    probes: list[tuple[tuple[str, ...], Callable[[subprocess.CompletedProcess[str]], bool]]] = [
+        (("get", f"crd/{CRD_NAME}", "-o", f"jsonpath={established}"), lambda p: p.stdout.strip() == "True"),
+        (("get", "rljobs", "-A"), lambda p: p.returncode == 0),
+        (("explain", "rltrainingjob.spec"), lambda p: p.returncode == 0),
+    ]
     deadline = time.monotonic() + 60
-    for probe in (("get", "rljobs", "-A"), ("explain", "rltrainingjob.spec")):
-        while cluster.kubectl(*probe, check=False).returncode != 0:
+    for probe, ok in probes:
+        while not ok(cluster.kubectl(*probe, check=False)):
             if time.monotonic() > deadline:
                 pytest.fail(
-                    f"kubectl {' '.join(probe)} still fails 60 s after the CRD was Established", pytrace=False
+                    f"kubectl {' '.join(probe)} still fails 60 s after the CRD was applied", pytrace=False
                 )
             time.sleep(0.5)
     return cluster

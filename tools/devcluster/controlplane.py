@@ -30,6 +30,16 @@ def kwokctl_config(ctx: Ctx, kube_version: str) -> Path:
             "kubectlBinary": str(ctx.bins["kubectl"]),
             "cacheDir": str(ctx.dir / "kwok-cache"),
         },
+        # As on hardened clusters (OpenShift enables it): an owner reference that blocks the
+        # owner's deletion needs `update` on the owner's finalizers, which the chart's role grants.
+        "componentsPatches": [
+            {
+                "name": "kube-apiserver",
+                "extraArgs": [
+                    {"key": "enable-admission-plugins", "value": "OwnerReferencesPermissionEnforcement"}
+                ],
+            }
+        ],
     }
     path = ctx.dir / "kwokctl.yaml"
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
@@ -207,5 +217,17 @@ def install_kuberay_crds(ctx: Ctx) -> None:
     crds = kuberay_crd_dir()
     ctx.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=120)
     names = [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in sorted(crds.glob("*.yaml"))]
-    ctx.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names, timeout=90)
+    # Polled: `kubectl wait --for=condition=Established` fails outright ("accessor error: <nil>")
+    # on a CRD whose status the API server has not written yet.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    for name in names:
+        wait_for(
+            f"{name} Established",
+            lambda name=name: (
+                ctx.kubectl("get", name, "-o", f"jsonpath={established}", check=False).stdout.strip()
+                == "True"
+            ),
+            60,
+            ctx.kwok_cluster_dir / "logs" / "kube-apiserver.log",
+        )
     log(f"KubeRay {gomod_versions()['kuberay']} CRDs established: {', '.join(n[4:] for n in names)}")

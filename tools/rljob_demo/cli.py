@@ -132,8 +132,21 @@ def cluster_up(settings: Settings) -> Kubectl:
 
 def install_crds(kubectl: Kubectl) -> None:
     kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kubectl.run("wait", "--for=condition=Established", "crd/rltrainingjobs.rljob.dev", "--timeout=60s")
+    wait_established(kubectl, "rltrainingjobs.rljob.dev")
     done("CRD rltrainingjobs.rljob.dev", "applied (server-side)")
+
+
+ESTABLISHED = '{.status.conditions[?(@.type=="Established")].status}'
+
+
+def wait_established(kubectl: Kubectl, crd: str, timeout: float = 60) -> None:
+    """Polls the condition: `kubectl wait --for=condition=Established` fails outright ("accessor
+    error: <nil>") on a CRD whose status the API server has not written yet."""
+    deadline = time.monotonic() + timeout
+    while kubectl.run("get", f"crd/{crd}", "-o", f"jsonpath={ESTABLISHED}", check=False).strip() != "True":
+        if time.monotonic() > deadline:
+            raise DemoError(f"CRD {crd} is not Established after {timeout:.0f} s: kubectl describe crd {crd}")
+        time.sleep(0.5)
 
 
 def ensure_operator(settings: Settings, kubectl: Kubectl) -> None:

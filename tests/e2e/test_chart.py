@@ -1,0 +1,166 @@
+"""The Helm chart on the real API server: installed as an admin would, its pod admitted under the
+`restricted` Pod Security Standard, and the operator reconciling jobs with the chart's own
+ServiceAccount identity (not the admin's), in both namespace modes; upgrade keeps jobs, uninstall
+leaves nothing stuck."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart_install import deployment_args, helm, token_kubeconfig
+from chart_render import CHART
+from operator_process import OperatorProcess
+from test_operator import _in, condition, in_phase, job, status, wait_for
+
+pytestmark = pytest.mark.e2e
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def _namespace(cluster: Any, prefix: str, labels: dict[str, str] | None = None) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+    )
+    return name
+
+
+def _gpu_quota(namespace: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus", "namespace": namespace},
+        "spec": {"hard": {"requests.nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def _phases_announced(cluster: Any, namespace: str, name: str) -> list[str]:
+    """The phases in the operator's "A -> B: ..." events on the job, oldest first."""
+    events = json.loads(
+        cluster.kubectl(
+            "get", "events", "-n", namespace, f"--field-selector=involvedObject.name={name}", "-o", "json"
+        ).stdout
+    )["items"]
+    events.sort(key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
+    return [m.group(1) for e in events if (m := re.match(r"\w+ -> (\w+):", e.get("message", "")))]
+
+
+class Install:
+    """One release of the chart and the operator running with its identity."""
+
+    def __init__(self, cluster: Any, release: str, namespace: str, log_dir: Path, *values: str) -> None:
+        self.cluster, self.release, self.namespace = cluster, release, namespace
+        helm(cluster, "install", release, str(CHART), "-n", namespace, "--wait", "--timeout=120s", *values)
+        self.kubeconfig = token_kubeconfig(cluster, f"{release}-rljob", namespace, log_dir / "kubeconfig")
+        args = deployment_args(cluster, namespace, f"{release}-rljob")
+        self.operator = OperatorProcess(self.kubeconfig, log_dir, resync_seconds=5, args=args)
+        self.operator.start()
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.cluster.list("pods", self.namespace, f"app.kubernetes.io/instance={self.release}")
+
+    def stop(self) -> None:
+        self.operator.stop()
+
+
+@pytest.fixture(scope="module")
+def installed(crd: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    """The cluster-wide install, in a namespace that enforces the restricted Pod Security Standard."""
+    namespace = _namespace(crd, "rljob-system", RESTRICTED)
+    install = Install(crd, "e2e", namespace, tmp_path_factory.mktemp("chart"))
+    yield install
+    install.stop()
+    helm(crd, "uninstall", install.release, "-n", namespace, "--wait")
+    crd.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_the_operator_pod_is_admitted_under_the_restricted_standard(installed: Install) -> None:
+    (pod,) = installed.pods()
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == "e2e-rljob" and spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_restricted_standard_refuses_a_privileged_operator_pod(crd: Any, tmp_path: Path) -> None:
+    """The control for the test above: the same namespace label refuses a pod that breaks the standard."""
+    namespace = _namespace(crd, "rljob-priv", RESTRICTED)
+    try:
+        helm(
+            crd, "install", "priv", str(CHART), "-n", namespace,
+            "--set=securityContext.allowPrivilegeEscalation=true",
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            events = crd.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+            if "violates PodSecurity" in events:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"no PodSecurity refusal in 60 s; events: {events}")
+        assert crd.list("pods", namespace, "app.kubernetes.io/instance=priv") == []
+        assert "allowPrivilegeEscalation != false" in events
+    finally:
+        helm(crd, "uninstall", "priv", "-n", namespace)
+        crd.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_the_chart_identity_takes_a_job_through_queued_starting_running_succeeded(
+    installed: Install, crd: Any
+) -> None:
+    namespace = _namespace(crd, "team")
+    crd.apply(_gpu_quota(namespace, 8))
+    crd.apply(_in(namespace, job("first", entrypoint="python -c 'import time; time.sleep(25)'")))
+    operator = installed.operator
+    wait_for("first Running", in_phase(crd, namespace, "first", "Running"), operator)
+    crd.apply(_in(namespace, job("second", entrypoint="python -c 'import time; time.sleep(5)'")))
+    wait_for("second Queued", in_phase(crd, namespace, "second", "Queued"), operator)
+    wait_for("first Succeeded", in_phase(crd, namespace, "first", "Succeeded"), operator)
+    done = wait_for("second Succeeded", in_phase(crd, namespace, "second", "Succeeded", "Failed"), operator)
+    assert done["phase"] == "Succeeded", json.dumps(done, indent=1)
+    phases = _phases_announced(crd, namespace, "second")
+    seen = [p for p in phases if p in ("Queued", "Starting", "Running", "Succeeded")]
+    assert seen == ["Queued", "Starting", "Running", "Succeeded"], phases
+    denied = [line for line in operator.log_path.read_text().splitlines() if "permission denied" in line]
+    assert not [line for line in denied if namespace in line], denied
+    # The operator made the runtime's identity with the chart's: ServiceAccount, Role, RoleBinding.
+    assert crd.get("rolebinding", "second-runtime", namespace) is not None
+    crd.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_a_missing_secret_shows_as_the_pods_config_error_without_reading_secrets(
+    installed: Install, crd: Any
+) -> None:
+    """The default install may not read Secrets: the pods' CreateContainerConfigError says it."""
+    namespace = _namespace(crd, "nosecret")
+    spec = {"resources": {"secrets": {"huggingFaceToken": {"name": "hf", "key": "token"}}}}
+    crd.apply(_in(namespace, job("needs-hf", spec)))
+    operator = installed.operator
+    wait_for("pods exist", lambda: crd.list("pods", namespace, "rljob.dev/job=needs-hf"), operator)
+    # kwok starts every container; play the kubelet that cannot find the Secret.
+    for pod in crd.list("pods", namespace, "rljob.dev/job=needs-hf"):
+        (container,) = pod["spec"]["containers"]
+        waiting = {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}
+        patch = {"status": {"containerStatuses": [{"name": container["name"], "ready": False,
+                 "restartCount": 0, "image": container["image"], "imageID": "",
+                 "state": {"waiting": waiting}}]}}  # fmt: skip
+        crd.kubectl(
+            "patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status",
+            "--type=merge", "-p", json.dumps(patch),
+        )  # fmt: skip
+
+    def stalled() -> dict[str, Any] | None:
+        st = status(crd, namespace, "needs-hf")
+        return st if condition(st, "Stalled").get("reason") == "CreateContainerConfigError" else None
+
+    st = wait_for("Stalled with the pod's reason", stalled, operator, timeout=60)
+    assert 'secret "hf" not found' in condition(st, "Stalled")["message"]
+    crd.kubectl("delete", "namespace", namespace, "--wait=false")
