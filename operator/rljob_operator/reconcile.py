@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .names import KUEUE_GATE_MANAGER, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
 from .permissions import Denial, denial, describe_api_error
 from .quota import Decision, JobDemand, Quota, decide
-from .status import TERMINAL, Observed, compute_status, denied_status, status_changed
+from .status import TERMINAL, Observed, announcement, compute_status, denied_status, status_changed
 
 log = logging.getLogger("rljob.operator")
 
@@ -246,17 +246,9 @@ class Reconciler:
         return decide(job.name, demands, quotas, resource)
 
     def _announce(self, obj: dict[str, Any], job: Job, status: dict[str, Any]) -> None:
-        before, after = job.status.get("phase"), status["phase"]
-        if before == after:
-            return
-        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-        kind = (
-            "Warning"
-            if after == "Failed"
-            or any(c["type"] == "Stalled" and c["status"] == "True" for c in status["conditions"])
-            else "Normal"
-        )
-        self.emit(obj, kind, ready["reason"], f"{before or 'New'} -> {after}: {ready['message']}")
+        event = announcement(job.status, status)
+        if event is not None:
+            self.emit(obj, *event)
 
 
 def _int(quantity: str | int) -> int:

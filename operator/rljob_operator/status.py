@@ -216,6 +216,24 @@ def denied_status(job: Job, message: str, now: datetime) -> dict[str, Any]:
     return {**kept, "phase": phase, "conditions": conditions(job, verdict, now)}
 
 
+def announcement(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The event (type, reason, message) for a status change: every phase change ("A -> B: ..."),
+    and a new reason within a phase (a blocker found, changed or cleared); None when neither."""
+    ready = next(c for c in after["conditions"] if c["type"] == "Ready")
+    old_ready = next((c for c in before.get("conditions") or [] if c.get("type") == "Ready"), {})
+    stalled = any(c["type"] == "Stalled" and c["status"] == "True" for c in after["conditions"])
+    kind = "Warning" if after["phase"] == "Failed" or stalled else "Normal"
+    if before.get("phase") != after["phase"]:
+        return (
+            kind,
+            ready["reason"],
+            f"{before.get('phase') or 'New'} -> {after['phase']}: {ready['message']}",
+        )
+    if old_ready.get("reason") != ready["reason"]:
+        return kind, ready["reason"], f"{after['phase']}: {ready['message']}"
+    return None
+
+
 def status_changed(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Whether patching /status would change anything the operator owns."""
     return any(current.get(key) != value for key, value in desired.items())

@@ -12,7 +12,14 @@ from operator_fixtures import NOW, job_from_spec
 from rljob_api.status import RLTrainingJobStatus
 from rljob_operator.checks import Blocker
 from rljob_operator.quota import Decision
-from rljob_operator.status import Observed, compute_status, decide_phase, denied_status, status_changed
+from rljob_operator.status import (
+    Observed,
+    announcement,
+    compute_status,
+    decide_phase,
+    denied_status,
+    status_changed,
+)
 
 
 def rayjob(
@@ -186,3 +193,21 @@ def test_a_denied_permission_stalls_the_job_and_keeps_everything_else() -> None:
     assert stalled["status"] == "True" and stalled["reason"] == "PermissionDenied"
     assert "not allowed to get rayjobs.ray.io" in stalled["message"]
     assert kstatus(denied) == "Failed"
+
+
+def test_every_phase_change_and_every_new_blocker_is_announced() -> None:
+    job = job_from_spec()
+    pending = compute_status(job, Observed(NOW))
+    assert announcement({}, pending) == (
+        "Normal",
+        "Creating",
+        "New -> Pending: creating the RayJob and the runtime's ServiceAccount",
+    )
+    stuck = compute_status(
+        job_from_spec(status=pending), Observed(NOW, blocker=Blocker("NoNodeFits", "no node"))
+    )
+    assert announcement(pending, stuck) == ("Warning", "NoNodeFits", "Pending: no node")  # same phase
+    assert announcement(stuck, stuck) is None
+    running = compute_status(job, Observed(NOW, rayjob=rayjob("Running", "RUNNING")))
+    event = announcement(stuck, running)
+    assert event is not None and event[0] == "Normal" and event[2].startswith("Pending -> Running: ")
