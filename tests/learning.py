@@ -12,7 +12,8 @@ Why a pass is not luck: a demo step scores 8 prompts x 4 samples with rewards in
 0.5 / sqrt(32) = 0.088; the difference of a 5-step mean and a 2-step mean at most 0.074, so a run
 that does not learn reaches MARGIN = 0.2 (2.7 standard deviations) with probability at most 0.4 %.
 Samples of one prompt are correlated; in the worst case (a prompt's 4 samples always equal) the
-bound is 0.148 and the probability 9 % per run. The CI test therefore needs two seeds to pass
+bound is 0.148 and the probability 9 % per run. CI therefore needs two seeds to pass (seed 1 in
+tests/integration/test_learning.py, seed 42 in the `make demo` e2e test)
 (at most 0.8 % even in that worst case), and benchmarks/learning_runs.py reports the rise of every
 seed and estimator it runs (docs/BENCHMARKS.md): runs that learn rise by 0.25 to 0.5.
 
