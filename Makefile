@@ -28,9 +28,22 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with the package and its dev/operator/runtime extras
 
-lint: venv ## ruff check + format check
+lint: venv ## ruff check + format check, image lock files (locks-check), Dockerfiles (hadolint)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@$(MAKE) -s --no-print-directory locks-check hadolint
+
+.PHONY: locks locks-check hadolint
+# The images' Python packages: images/*/requirements.lock, uv pip compile of pyproject.toml's extras and
+# images/*/requirements.in. Pins already in a lock are kept: LOCKS_ARGS=--upgrade re-resolves them all.
+locks: venv ## regenerate images/*/requirements.lock from pyproject.toml (LOCKS_ARGS=--upgrade: newest)
+	$(PY) tools/locks.py $(LOCKS_ARGS)
+
+locks-check: venv ## fail when an image's lock is stale or does not resolve (needs the package index)
+	$(PY) tools/locks.py --check
+
+hadolint: venv ## lint images/*/Dockerfile (.hadolint.yaml)
+	$(VENV)/bin/hadolint images/*/Dockerfile
 
 crds: venv ## regenerate crds/ (and the chart's copy) from the pydantic models
 	$(PY) -m rljob_api.crdgen --out crds

@@ -16,6 +16,7 @@ from .base import (
     ShortText,
     section,
 )
+from .images import RUNTIME_IMAGE
 from .rules import Rule, immutable
 
 _GANG = "the GPU gang is fixed for the life of the job; create a new job to resize it"
@@ -287,7 +288,7 @@ class ResourcesSpec(ApiModel):
         default="16Gi", description="Size of /dev/shm in GPU pods (NCCL and CUDA IPC need a large one)."
     )
     image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
-        default="rljob/runtime:0.1.0",
+        default=RUNTIME_IMAGE,
         description="Runtime container image (rljob, Ray, torch, SGLang, Megatron).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
