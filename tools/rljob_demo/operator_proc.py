@@ -1,5 +1,7 @@
-"""The rljob operator as a background process owned by the demo (until an operator Helm chart
-exists): started once, reused by later `make demo` runs, stopped by `make demo-down`."""
+"""The rljob operator as a background process owned by the demo: the local control plane's nodes
+are kwok's and run no containers, so the chart's Deployment (charts/rljob) cannot run it here.
+Started once, reused by later `make demo` runs, stopped by `make demo-down` (or by the e2e tests,
+which run operators of their own)."""
 
 from __future__ import annotations
 
