@@ -121,7 +121,8 @@ def test_the_chart_identity_takes_a_job_through_queued_starting_running_succeede
     crd.apply(_in(namespace, job("first", entrypoint="python -c 'import time; time.sleep(25)'")))
     operator = installed.operator
     wait_for("first Running", in_phase(crd, namespace, "first", "Running"), operator)
-    crd.apply(_in(namespace, job("second", entrypoint="python -c 'import time; time.sleep(5)'")))
+    # Long enough that a reconcile sees it Running even on a busy machine (phases may not be skipped).
+    crd.apply(_in(namespace, job("second", entrypoint="python -c 'import time; time.sleep(12)'")))
     wait_for("second Queued", in_phase(crd, namespace, "second", "Queued"), operator)
     wait_for("first Succeeded", in_phase(crd, namespace, "first", "Succeeded"), operator)
     done = wait_for("second Succeeded", in_phase(crd, namespace, "second", "Succeeded", "Failed"), operator)
