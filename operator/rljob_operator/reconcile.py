@@ -71,6 +71,9 @@ class Reconciler:
             else:
                 self.metrics.reconciles.labels(result="ok").inc()
                 self._failures.pop(key, None)
+                retry = self._retries.pop(key, None)
+                if retry is not None:
+                    retry.cancel()  # this pass did what the retry was for
             finally:
                 self.metrics.duration.observe(time.perf_counter() - started)
 
@@ -84,6 +87,7 @@ class Reconciler:
         obj = await self.kube.get_job(namespace, name)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             self.metrics.forget((namespace, name))  # children go by garbage collection
+            self._drop((namespace, name))
             return
         try:
             job = job_from_object(obj)
@@ -109,17 +113,14 @@ class Reconciler:
                     created = rayjob is None
                     if created and job.spec.queue_name and not job.spec.suspend:
                         # Born suspended under a manager of its own, which Kueue's admission replaces.
-                        await self.kube.apply(
+                        rayjob = await self.kube.apply(
                             build_rayjob(job, self.settings, suspend=True), manager=KUEUE_GATE_MANAGER
                         )
-                    rayjob = await self.kube.apply(build_rayjob(job, self.settings, suspend=suspend))
-                    if created:
-                        self.emit(
-                            obj,
-                            "Normal",
-                            "Created",
-                            f"created RayJob {rayjob['metadata']['name']} ({job.spec.total_gpus()} GPUs)",
-                        )
+                        self._announce_created(obj, job, rayjob)  # announced even if the next apply fails
+                    applied = await self.kube.apply(build_rayjob(job, self.settings, suspend=suspend))
+                    if created and rayjob is None:
+                        self._announce_created(obj, job, applied)
+                    rayjob = applied
         pods = None
         if rayjob is not None and job.status.get("phase") in ("Starting", "Pending", None):
             pods = check_pods(job, await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"))
@@ -128,6 +129,18 @@ class Reconciler:
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
         self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
+
+    def _announce_created(self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any]) -> None:
+        name = rayjob["metadata"]["name"]
+        self.emit(obj, "Normal", "Created", f"created RayJob {name} ({job.spec.total_gpus()} GPUs)")
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        """A deleted job leaves no per-job state behind (locks, failure counts, pending retries)."""
+        self._locks.pop(key, None)
+        self._failures.pop(key, None)
+        retry = self._retries.pop(key, None)
+        if retry is not None:
+            retry.cancel()
 
     async def _report_denial(self, namespace: str, name: str, refused: Denial) -> None:
         """A permission the operator lacks: say which in the log, an event and the job's Stalled
@@ -138,10 +151,10 @@ class Reconciler:
             obj = await self.kube.get_job(namespace, name)
             if obj is None:
                 return
-            self.emit(obj, "Warning", "PermissionDenied", message)
             job = job_from_object(obj)
             denied = denied_status(job, message, datetime.now(UTC))
-            if status_changed(job.status, denied):
+            if status_changed(job.status, denied):  # once per denial, not at every retry
+                self.emit(obj, "Warning", "PermissionDenied", message)
                 await self.kube.apply_job_status(namespace, name, denied)
         except Exception as exc:
             log.error("cannot report the denial on %s/%s: %s", namespace, name, describe_api_error(exc))

@@ -68,11 +68,12 @@ def decide_phase(job: Job, seen: Observed) -> Verdict:
         if seen.blocker.terminal:
             return Verdict("Failed", seen.blocker.reason, seen.blocker.message)
         return Verdict("Pending", seen.blocker.reason, seen.blocker.message, stalled=True)
+    if seen.queue is not None and not seen.queue.admitted:
+        # Also a resumed job whose RayJob the quota keeps suspended: it waits, it is not starting.
+        return Verdict("Queued", seen.queue.reason, seen.queue.message)
     if rayjob is None:
         if job.spec.suspend:
             return Verdict("Suspended", "Suspended", _SUSPENDED)
-        if seen.queue is not None and not seen.queue.admitted:
-            return Verdict("Queued", seen.queue.reason, seen.queue.message)
         return Verdict("Pending", "Creating", "creating the RayJob and the runtime's ServiceAccount")
     verdict = _rayjob_phase(job, rayjob) or Verdict(
         "Starting", "Starting", "the RayJob was created; waiting for KubeRay to start it"

@@ -1,0 +1,70 @@
+"""A failed API call never crashes the operator: the pass is counted as an error and retried with
+growing delays (no real waiting here: the retry timers are recorded and fired by hand), and the
+first pass that succeeds resets the backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fake_kube import JOB, RAYJOB, Harness, conflict, server_error, timeout
+
+from rljob_operator.reconcile import BACKOFF_SECONDS
+
+KEY = ("ml", "job-a")
+
+
+def _new_job() -> Harness:
+    h = Harness()
+    h.kube.add_node("gpu-0", gpus=8)
+    h.kube.create_job("job-a")
+    return h
+
+
+def _rayjob(obj: dict[str, Any], *_: Any, **__: Any) -> bool:
+    return obj["kind"] == "RayJob"
+
+
+def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered() -> None:
+    h = _new_job()
+    h.kube.fail("apply", server_error(), when=_rayjob)
+    h.reconcile("job-a")  # does not raise
+    assert (h.reconciles("error"), [t.delay for t in h.timers]) == (1, [1])
+    assert h.reconciler._failures[KEY] == 1
+    assert h.status("job-a")["phase"] == "Pending"  # written before the children
+    for exc in (timeout(), conflict("rayjobs", "ray.io", "job-a")):
+        h.kube.fail("apply", exc, when=_rayjob)
+        h.fire_retry()
+    assert [t.delay for t in h.timers] == [1, 2, 5]
+    assert (h.reconciles("error"), h.reconciler._failures[KEY]) == (3, 3)
+    assert h.fire_retry() == 5  # the failures are over
+    assert h.reconciles("ok") == 1
+    assert KEY not in h.reconciler._failures
+    assert len(h.timers) == 3  # no further retry
+    assert h.kube.get(RAYJOB, "ml", "job-a") is not None
+    assert h.status("job-a")["phase"] == "Starting"
+    assert [s.args[2]["phase"] for s in h.kube.calls_to("apply_job_status")] == ["Pending", "Starting"]
+    h.kube.fail("apply", server_error(), when=_rayjob)
+    h.reconcile("job-a")
+    assert h.timers[-1].delay == BACKOFF_SECONDS[0]  # a new failure starts over
+
+
+def test_the_backoff_grows_to_its_last_delay_and_stays_there() -> None:
+    h = _new_job()
+    h.kube.fail("get_job", server_error(), times=None)
+    h.reconcile("job-a")
+    for _ in range(len(BACKOFF_SECONDS) + 1):
+        h.fire_retry()
+    assert [t.delay for t in h.timers] == [*BACKOFF_SECONDS, BACKOFF_SECONDS[-1], BACKOFF_SECONDS[-1]]
+    assert sum(not t.cancelled for t in h.timers) == 1  # one pending retry per job, never a pile
+    assert h.kube.calls_to("apply", "apply_job_status") == []
+    assert h.events == []  # a 500 is not a denial: nothing to tell the user on the job
+
+
+def test_a_deleted_job_leaves_no_per_job_state_in_the_reconciler() -> None:
+    h = _new_job()
+    h.kube.fail("apply", server_error(), when=_rayjob)
+    h.reconcile("job-a")
+    h.kube.delete(JOB, "ml", "job-a")
+    h.fire_retry()
+    assert h.reconciles("ok") == 1
+    assert (h.reconciler._locks, h.reconciler._retries, h.reconciler._failures) == ({}, {}, {})
