@@ -8,6 +8,7 @@ for the API server's refusal of exactly that verb in the operator's log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -126,13 +127,13 @@ def _workload(namespace: str) -> list[dict[str, Any]]:
     return [claim, quota, _in(namespace, job("probe", spec))]
 
 
-@pytest.mark.parametrize(("index", "resource", "verb"), _cases(), ids=[f"{v}-{r}" for _, r, v in _cases()])
-def test_each_verb_of_the_chart_role_is_needed(
-    probe: Probe, tmp_path: Path, index: int, resource: str, verb: str
-) -> None:
-    cluster = probe.cluster
-    rules = _without(_chart_rules(), index, resource, verb)
-    cluster.apply(
+@contextlib.contextmanager
+def _operator_with(
+    probe: Probe, rules: list[dict[str, Any]], log_dir: Path
+) -> Iterator[tuple[str, OperatorProcess]]:
+    """The probe's role set to `rules`, and an operator with that identity serving a fresh
+    namespace in which the workload is applied."""
+    probe.cluster.apply(
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
@@ -141,15 +142,27 @@ def test_each_verb_of_the_chart_role_is_needed(
         }
     )
     namespace = f"rbac-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", namespace)
+    probe.cluster.kubectl("create", "namespace", namespace)
     operator = OperatorProcess(
-        probe.kubeconfig, tmp_path, resync_seconds=2, args=(f"--namespace={namespace}",)
+        probe.kubeconfig, log_dir, resync_seconds=2, args=(f"--namespace={namespace}",)
     )
-    expected = SIGNATURES.get((resource, verb), f'cannot {verb} resource "{resource}"')
     try:
         time.sleep(1)  # RBAC changes reach the authorizer's cache within a moment
         operator.start()
-        cluster.apply(*_workload(namespace))
+        probe.cluster.apply(*_workload(namespace))
+        yield namespace, operator
+    finally:
+        operator.stop()
+        probe.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize(("index", "resource", "verb"), _cases(), ids=[f"{v}-{r}" for _, r, v in _cases()])
+def test_each_verb_of_the_chart_role_is_needed(
+    probe: Probe, tmp_path: Path, index: int, resource: str, verb: str
+) -> None:
+    rules = _without(_chart_rules(), index, resource, verb)
+    expected = SIGNATURES.get((resource, verb), f'cannot {verb} resource "{resource}"')
+    with _operator_with(probe, rules, tmp_path) as (_, operator):
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             if expected in operator.log_path.read_text(errors="replace"):
@@ -161,9 +174,6 @@ def test_each_verb_of_the_chart_role_is_needed(
                 f"{expected!r}: is this verb dead?\noperator log:\n{operator.log_tail(40)}",
                 pytrace=False,
             )
-    finally:
-        operator.stop()
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def test_a_denied_write_is_a_condition_and_an_event_on_the_job(probe: Probe, tmp_path: Path) -> None:
@@ -171,23 +181,7 @@ def test_a_denied_write_is_a_condition_and_an_event_on_the_job(probe: Probe, tmp
     cluster = probe.cluster
     rules = [r for r in _chart_rules() if "rayjobs" not in r["resources"]]
     rules.append({"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch"]})
-    cluster.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": probe.role},
-            "rules": rules,
-        }
-    )
-    namespace = f"rbac-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", namespace)
-    operator = OperatorProcess(
-        probe.kubeconfig, tmp_path, resync_seconds=2, args=(f"--namespace={namespace}",)
-    )
-    try:
-        time.sleep(1)
-        operator.start()
-        cluster.apply(*_workload(namespace))
+    with _operator_with(probe, rules, tmp_path) as (namespace, operator):
         deadline, stalled = time.monotonic() + 40, {}
         while time.monotonic() < deadline and stalled.get("reason") != "PermissionDenied":
             obj = cluster.get("rljob", "probe", namespace) or {}
@@ -203,6 +197,3 @@ def test_a_denied_write_is_a_condition_and_an_event_on_the_job(probe: Probe, tmp
         assert any(e["reason"] == "PermissionDenied" for e in events)
         described = cluster.kubectl("describe", "rljob", "probe", "-n", namespace).stdout
         assert "PermissionDenied" in described
-    finally:
-        operator.stop()
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
