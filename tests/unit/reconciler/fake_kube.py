@@ -469,3 +469,11 @@ class Harness:
             else:
                 out.append(f"event:{call.args[1]}")
         return out
+
+
+def one_gpu_job() -> Harness:
+    """A harness with one 8-GPU node and job `job-a` (the example's 8-GPU spec) applied."""
+    h = Harness()
+    h.kube.add_node("gpu-0", gpus=8)
+    h.kube.create_job("job-a")
+    return h

@@ -6,18 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_kube import JOB, RAYJOB, Harness, conflict, server_error, timeout
+from fake_kube import JOB, RAYJOB, conflict, one_gpu_job, server_error, timeout
 
 from rljob_operator.reconcile import BACKOFF_SECONDS
 
 KEY = ("ml", "job-a")
-
-
-def _new_job() -> Harness:
-    h = Harness()
-    h.kube.add_node("gpu-0", gpus=8)
-    h.kube.create_job("job-a")
-    return h
 
 
 def _rayjob(obj: dict[str, Any], *_: Any, **__: Any) -> bool:
@@ -25,7 +18,7 @@ def _rayjob(obj: dict[str, Any], *_: Any, **__: Any) -> bool:
 
 
 def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.kube.fail("apply", server_error(), when=_rayjob)
     h.reconcile("job-a")  # does not raise
     assert (h.reconciles("error"), [t.delay for t in h.timers]) == (1, [1])
@@ -49,7 +42,7 @@ def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered(
 
 
 def test_the_backoff_grows_to_its_last_delay_and_stays_there() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.kube.fail("get_job", server_error(), times=None)
     h.reconcile("job-a")
     for _ in range(len(BACKOFF_SECONDS) + 1):
@@ -61,7 +54,7 @@ def test_the_backoff_grows_to_its_last_delay_and_stays_there() -> None:
 
 
 def test_a_deleted_job_leaves_no_per_job_state_in_the_reconciler() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.kube.fail("apply", server_error(), when=_rayjob)
     h.reconcile("job-a")
     h.kube.delete(JOB, "ml", "job-a")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_kube import OPERATOR_USER, Harness, forbidden
+from fake_kube import OPERATOR_USER, Harness, forbidden, one_gpu_job
 
 DENIED = "patch rayjobs.ray.io in namespace ml"
 
@@ -19,15 +19,8 @@ def _stalled(h: Harness) -> tuple[str, str, str]:
     return stalled["status"], stalled["reason"], stalled["message"]
 
 
-def _new_job() -> Harness:
-    h = Harness()
-    h.kube.add_node("gpu-0", gpus=8)
-    h.kube.create_job("job-a")
-    return h
-
-
 def test_a_403_on_the_rayjob_names_the_missing_permission_until_it_is_granted() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.kube.fail("apply", forbidden("patch", "rayjobs", "ray.io", "ml", "job-a"), times=None, when=_rayjob)
     h.reconcile("job-a")
     status, reason, message = _stalled(h)
@@ -45,7 +38,7 @@ def test_a_403_on_the_rayjob_names_the_missing_permission_until_it_is_granted() 
 
 
 def test_a_403_on_a_running_job_keeps_it_running() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.reconcile("job-a")
     h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
     h.reconcile("job-a")

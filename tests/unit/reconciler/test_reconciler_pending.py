@@ -3,20 +3,13 @@ it accepted even when creating them fails."""
 
 from __future__ import annotations
 
-from fake_kube import BINDING, JOB, RAYJOB, SA, Harness, server_error
+from fake_kube import BINDING, JOB, RAYJOB, SA, one_gpu_job, server_error
 
 CHILDREN = ["apply:ServiceAccount", "apply:Role", "apply:RoleBinding", "apply:RayJob"]
 
 
-def _new_job() -> Harness:
-    h = Harness()
-    h.kube.add_node("gpu-0", gpus=8)
-    h.kube.create_job("job-a")
-    return h
-
-
 def test_the_first_pass_writes_pending_then_the_runtime_identity_then_the_rayjob() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.reconcile("job-a")
     assert h.writes() == [
         "status:Pending",
@@ -41,7 +34,7 @@ def test_the_first_pass_writes_pending_then_the_runtime_identity_then_the_rayjob
 
 
 def test_when_the_pending_write_fails_no_child_is_created() -> None:
-    h = _new_job()
+    h = one_gpu_job()
     h.kube.fail("apply_job_status", server_error())
     h.reconcile("job-a")
     assert h.writes() == ["status:Pending"]  # tried, refused
