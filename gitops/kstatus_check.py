@@ -22,8 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "gitops" / "kstatus-check"
 sys.path.insert(0, str(REPO / "tools" / "devcluster"))
 import build as devbuild  # noqa: E402  (the devcluster's modules import each other by bare name)
-from common import HarnessError, cache_root  # noqa: E402
-from procs import file_lock  # noqa: E402
+from common import HarnessError  # noqa: E402
 
 
 def binary() -> devbuild.Binary:
@@ -40,12 +39,7 @@ def binary() -> devbuild.Binary:
 
 
 def ensure_built() -> Path:
-    b = binary()
-    if not b.path.exists():
-        go = devbuild.go_binary()
-        with file_lock(cache_root() / "bin" / ".build.lock"):
-            devbuild.build_one(b, go)
-    return b.path
+    return devbuild.ensure_one(binary())
 
 
 def check(paths: list[Path], kustomization: Path | None = None) -> list[dict[str, Any]]:

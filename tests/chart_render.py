@@ -17,16 +17,9 @@ KUBE_VERSION = "1.36.4"  # helm template's default cluster version is too old fo
 
 def helm_binary() -> Path:
     sys.path.insert(0, str(REPO / "tools" / "devcluster"))
-    from build import bin_by_name, build_one, go_binary
-    from common import cache_root
-    from procs import file_lock
+    from build import bin_by_name, ensure_one
 
-    helm = bin_by_name()["helm"]
-    if not helm.path.exists():  # the e2e harness builds it too; whoever comes first
-        with file_lock(cache_root() / "bin" / ".build.lock"):
-            if not helm.path.exists():
-                build_one(helm, go_binary())
-    return helm.path
+    return ensure_one(bin_by_name()["helm"])  # the e2e harness builds it too; whoever comes first
 
 
 def template(*args: str, namespace: str = "rljob-system") -> subprocess.CompletedProcess[str]:

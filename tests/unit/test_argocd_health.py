@@ -5,13 +5,12 @@ a returned table with status and message, and only the libraries argocd-cm scrip
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import testdata_gen
 import yaml
 
 lua51 = pytest.importorskip("lupa.lua51", reason="lupa is a dev dependency: pip install -e '.[dev]'")
@@ -112,18 +111,9 @@ def test_the_runner_reports_script_errors() -> None:
     }
 
 
-def _testdata_gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("testdata_gen", REPO / "gitops" / "testdata_gen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_committed_testdata_is_what_the_operator_writes_now() -> None:
-    gen = _testdata_gen()
-    for name, obj in gen.cases().items():
+    for name, obj in testdata_gen.cases().items():
         path = CUSTOMIZATION / "testdata" / f"{name}.yaml"
-        assert path.read_text() == gen.render(copy.deepcopy(obj)), (
+        assert path.read_text() == testdata_gen.render(copy.deepcopy(obj)), (
             f"{path.name} is stale: run gitops/testdata_gen.py"
         )

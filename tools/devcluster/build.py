@@ -193,6 +193,15 @@ def copy_kuberay_crds(go: str, env: dict[str, str], b: Binary, dest: Path, logfi
         shutil.copyfile(f, dest / f.name)
 
 
+def ensure_one(b: Binary) -> Path:
+    """One binary (helm for the chart tests, kstatus-check for the GitOps tests), built under the
+    cache's build lock unless it is cached already."""
+    if not b.path.exists():
+        with file_lock(cache_root() / "bin" / ".build.lock"):
+            build_one(b, go_binary())  # a no-op if another process built it meanwhile
+    return b.path
+
+
 def ensure_built(verbose: bool = False) -> dict[str, Path]:
     bins = binaries()
     missing = [b for b in bins if not b.path.exists()]
