@@ -63,57 +63,134 @@ RULE_CASES = [
         "training.parallelism tensor * pipeline * context must divide the trainer GPUs",
         {"training": {"parallelism": {"tensor": 2, "pipeline": 2}, "globalBatchSize": 64}},
     ),
+    # What the runtime does not run yet (api/rljob_api/support.py): one case per limit.
     Case(
         "expert-parallel-not-yet",
         {"training": {"parallelism": {"expert": 2}}},
         "spec.training.parallelism.expert",
-        "training.parallelism.expert above 1 is not supported yet by backend megatron",
+        "not supported by this runtime yet: training.parallelism.expert above 1",
         {"training": {"parallelism": {"expert": 1}}},
     ),
     Case(
         "dynamic-batch-not-yet",
         {"training": {"dynamicBatch": {"enabled": True}}},
         "spec.training.dynamicBatch.enabled",
-        "training.dynamicBatch is not supported yet",
+        "not supported by this runtime yet: training.dynamicBatch (micro-batches packed by token count); "
+        "use training.microBatchSize",
         {"training": {"dynamicBatch": {"enabled": False, "maxTokensPerGpu": 9216}}},
     ),
     Case(
         "megatron-args-not-yet",
         {"training": {"megatronArgs": {"overlap-grad-reduce": ""}}},
         "spec.training.megatronArgs",
-        "training.megatronArgs is not supported yet",
+        "not supported by this runtime yet: training.megatronArgs",
     ),
     Case(
         "sequence-parallel-not-yet",
         {"training": {"parallelism": {"sequenceParallel": True, "tensor": 2}}},
         "spec.training.parallelism.sequenceParallel",
-        "training.parallelism.sequenceParallel is not supported yet",
+        "not supported by this runtime yet: training.parallelism.sequenceParallel",
         {"training": {"parallelism": {"tensor": 2}}},
     ),
     Case(
         "ppo-on-megatron-not-yet",
         {"algorithm": {"advantageEstimator": "ppo"}},
         "spec.algorithm.advantageEstimator",
-        "algorithm.advantageEstimator ppo is not supported yet by training.backend megatron",
+        "not supported by this runtime yet: algorithm.advantageEstimator ppo with training.backend megatron "
+        "(no critic there); use training.backend torch",
         {"algorithm": {"advantageEstimator": "ppo"}, "training": {"backend": "torch"}},
     ),
     Case(
         "megatron-checkpoint-not-yet",
         {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}},
         "spec.model.megatronCheckpoint",
-        "model.megatronCheckpoint is not supported yet",
+        "not supported by this runtime yet: model.megatronCheckpoint",
     ),
     Case(
         "async-buffer-not-yet",
         {"rollout": {"async": {"bufferSize": 2}}},
         "spec.rollout.async.bufferSize",
-        "rollout.async.bufferSize above 1 is not supported yet",
+        "not supported by this runtime yet: rollout.async.bufferSize > 1",
     ),
     Case(
         "partial-rollout-not-yet",
         {"rollout": {"partialRollout": True}},
         "spec.rollout.partialRollout",
-        "rollout.partialRollout is not supported yet",
+        "not supported by this runtime yet: rollout.partialRollout; leave it false",
+    ),
+    Case(
+        "checkpoint-export-not-yet",
+        {"checkpoint": {"export": {"huggingFace": True}}},
+        "spec.checkpoint.export",
+        "not supported by this runtime yet: checkpoint.export",
+        {"checkpoint": {"export": {"huggingFace": False}}},
+    ),
+    Case(
+        "checkpoint-export-path-not-yet",
+        {"checkpoint": {"export": {"path": "/shared/hf"}}},
+        "spec.checkpoint.export",
+        "not supported by this runtime yet: checkpoint.export",
+    ),
+    Case(
+        "trainer-restarts-not-yet",
+        {"faultTolerance": {"maxTrainerRestarts": 3}},
+        "spec.faultTolerance.maxTrainerRestarts",
+        "not supported by this runtime yet: faultTolerance.maxTrainerRestarts above 0",
+        {"faultTolerance": {"maxTrainerRestarts": 0, "backoffLimit": 3}},
+    ),
+    Case(
+        "context-parallel-not-yet",
+        {"training": {"parallelism": {"context": 2}}},
+        "spec.training.parallelism",
+        "not supported by this runtime yet: training.parallelism context above 1 with training.backend "
+        "megatron (context parallelism needs TransformerEngine's attention); set it to 1",
+        {"training": {"parallelism": {"context": 1, "tensor": 2}}},
+    ),
+    Case(
+        "torch-backend-is-data-parallel-only",
+        {"training": {"backend": "torch", "parallelism": {"tensor": 2}}},
+        "spec.training.parallelism",
+        "not supported by this runtime yet: training.parallelism tensor, pipeline or context above 1 with "
+        "training.backend torch (data parallel only); set them to 1 (training.backend megatron runs tensor "
+        "or pipeline parallelism)",
+        {"training": {"backend": "torch"}},
+    ),
+    Case(
+        "cpu-device-needs-hf-and-torch",
+        {"resources": {"device": "cpu"}},
+        "spec.resources.device",
+        "not supported by this runtime yet: resources.device cpu with rollout.engine other than hf or "
+        "training.backend other than torch; on cpu use rollout.engine hf and training.backend torch",
+        {"resources": {"device": "cpu"}, "rollout": {"engine": "hf"}, "training": {"backend": "torch"}},
+    ),
+    Case(
+        "async-needs-disaggregated",
+        {"rollout": {"async": {"enabled": True}}},
+        "spec.rollout.async.enabled",
+        "not supported by this runtime yet: rollout.async.enabled when colocated",
+        {"rollout": {"async": {"enabled": True}}, "resources": {"colocate": False, "rollout": {"gpus": 8}}},
+    ),
+    Case(
+        "colocated-cuda-on-one-node",
+        {"resources": {"trainer": {"nodes": 2}}},
+        "spec.resources.colocate",
+        "not supported by this runtime yet: resources.colocate true with more than 1 trainer node on cuda",
+        {"resources": {"colocate": False, "trainer": {"nodes": 2}, "rollout": {"gpus": 8}}},
+    ),
+    Case(
+        "dynamic-sampling-needs-groups",
+        {
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+            "rollout": {"nSamplesPerPrompt": 1},
+            "training": {"globalBatchSize": 32},
+        },
+        "spec.algorithm.dynamicSampling.enabled",
+        "algorithm.dynamicSampling needs rollout.nSamplesPerPrompt >= 2",
+        {
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+            "rollout": {"nSamplesPerPrompt": 2},
+            "training": {"globalBatchSize": 64},
+        },
     ),
     Case(
         "sglang-args-owned-flag",
@@ -136,25 +213,11 @@ RULE_CASES = [
         {"rollout": {"sglangArgs": {"context-length": "8192"}}},
     ),
     Case(
-        "global-batch-fills-data-parallel-micro-batches",
+        "global-batch-fills-micro-batches",  # (ok-<name> stays within 47 characters)
         {"training": {"microBatchSize": 3}},
         "spec.training.globalBatchSize",
         "training.globalBatchSize must be a multiple of training.microBatchSize * data-parallel size",
         {"training": {"microBatchSize": 4}},
-    ),
-    Case(
-        "cpu-device-needs-hf-and-torch",
-        {"resources": {"device": "cpu"}},
-        "spec.resources.device",
-        "resources.device cpu needs rollout.engine hf and training.backend torch",
-        {"resources": {"device": "cpu"}, "rollout": {"engine": "hf"}, "training": {"backend": "torch"}},
-    ),
-    Case(
-        "async-needs-disaggregated",
-        {"rollout": {"async": {"enabled": True}}},
-        "spec.rollout.async.enabled",
-        "rollout.async.enabled needs resources.colocate false",
-        {"rollout": {"async": {"enabled": True}}, "resources": {"colocate": False, "rollout": {"gpus": 8}}},
     ),
     Case(
         "over-sampling-at-least-batch",
@@ -225,13 +288,6 @@ RULE_CASES = [
         "spec.training.optimizer.minLr",
         "minLr must not exceed lr",
         {"training": {"optimizer": {"lr": 1e-6, "minLr": 1e-7}}},
-    ),
-    Case(
-        "torch-backend-is-data-parallel-only",
-        {"training": {"backend": "torch", "parallelism": {"tensor": 2}}},
-        "spec.training.parallelism",
-        "backend torch supports data parallelism only",
-        {"training": {"backend": "torch"}},
     ),
     Case(
         "remote-reward-needs-url",
@@ -325,6 +381,11 @@ SCHEMA_CASES = [
         "spec.data.eval.datasets",
         "",
     ),
+    # Strict types, as the API server's structural schema: no string for a number, no number for a bool.
+    Case("string-for-integer", {"rollout": {"batchSize": "32"}}, "spec.rollout.batchSize", ""),
+    Case("string-for-number", {"rollout": {"temperature": "0.7"}}, "spec.rollout.temperature", ""),
+    Case("integer-for-boolean", {"resources": {"colocate": 1}}, "spec.resources.colocate", ""),
+    Case("fraction-for-integer", {"training": {"numRollout": 2.5}}, "spec.training.numRollout", ""),
     Case(
         "gpus-per-node-range",
         {"resources": {"trainer": {"gpusPerNode": 0}}},
@@ -352,8 +413,8 @@ IMMUTABLE_CASES = [
         "cannot be changed",
     ),
     Case(
-        "trainer-nodes",
-        {"resources": {"trainer": {"nodes": 2}}},
+        "trainer-nodes",  # (two colocated cuda nodes are not supported: the layout changes too)
+        {"resources": {"trainer": {"nodes": 2}, "colocate": False, "rollout": {"gpus": 8}}},
         "spec.resources.trainer.nodes",
         "cannot be changed",
     ),
@@ -376,3 +437,9 @@ MUTABLE_PATCHES = [
     {"ttlSecondsAfterFinished": 3600},
     {"resources": {"priorityClassName": "high"}},
 ]
+
+# Volumes, labels and env of the pods: their own table, in both suites.
+from spec_cases_pods import POD_RULE_CASES, POD_SCHEMA_CASES  # noqa: E402
+
+RULE_CASES += [Case(*c) for c in POD_RULE_CASES]
+SCHEMA_CASES += [Case(*c) for c in POD_SCHEMA_CASES]

@@ -15,15 +15,25 @@ from pydantic_core import CoreSchema, PydanticCustomError
 
 from .rules import Rule
 
-# Kubernetes' own quantity pattern (from k8s.io/apimachinery resource.Quantity's CRD schema).
-QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+# Kubernetes' own quantity pattern (from k8s.io/apimachinery resource.Quantity's CRD schema),
+# without the leading '-': every quantity here is a size or an amount, which pod validation
+# refuses when negative.
+QUANTITY_PATTERN = r"^(\+)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# A container image reference as the kubelet parses it (distribution/reference): an optional
+# registry host[:port], lowercase path components, an optional tag and an optional digest.
+IMAGE_PATTERN = (
+    r"^(([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*"
+    r"(:[0-9]+)?/)?[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
 
 
 class ApiModel(BaseModel):
-    """Base of all API models: camelCase in YAML, unknown fields refused, validated on assignment."""
+    """Base of all API models: camelCase in YAML, unknown fields refused, validated on assignment,
+    strict types as the API server has them (no '8' for 8, no 1 for true; an integer is a number)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -32,6 +42,7 @@ class ApiModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",
         validate_assignment=True,
+        strict=True,
     )
 
     # Cross-field rules of this object: CEL in the CRD, the same check here (see rules.py).
@@ -106,8 +117,18 @@ Path = Annotated[str, Field(min_length=1, max_length=4096)]
 ImportPath = Annotated[str, Field(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 """A Python callable as 'package.module:function' (the runtime imports it before starting)."""
 
+# Pod validation's qualified name (labels, annotations, taint keys): an optional DNS-subdomain
+# prefix and '/', then 1-63 alphanumerics with '-', '_' or '.' inside.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+QualifiedName = Annotated[str, Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN)]
+# As a map key: the CRD cannot constrain keys, so the owning model checks them with a rule
+# (spec_pods.qualified_keys_rule), giving the API server and Python the same message.
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
-LabelValue = Annotated[str, Field(max_length=63)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
 
 def section(model: type[BaseModel], description: str) -> Any:

@@ -11,6 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# Where the runtime finds the model cache and the hub token (the operator mounts them there).
+from .pod_paths import HF_HOME as HF_HOME
+from .pod_paths import HF_TOKEN_PATH as HF_TOKEN_PATH
+from .pod_paths import MODEL_CACHE_PATH as MODEL_CACHE_PATH
+from .pod_paths import RLJOB_CACHE as RLJOB_CACHE
 from .resource import API_VERSION, KIND
 from .spec import RLTrainingJobSpec
 
@@ -18,6 +23,10 @@ JOB_ENV = "RLJOB_JOB"
 ENTRYPOINT = f"rljob-runtime train --config env:{JOB_ENV}"
 OPERATOR_FIELD_MANAGER = "rljob-operator"
 RUNTIME_FIELD_MANAGER = "rljob-runtime"
+# status.progress.message (work before the first step, e.g. a model download) has a manager of
+# its own, so that posting it never removes the step fields of a resumed run, and clearing it
+# at the first step leaves them alone.
+RUNTIME_MESSAGE_FIELD_MANAGER = "rljob-runtime-message"
 
 # Custom Ray resources advertised by worker groups (one unit per GPU, or per CPU slot).
 RAY_RESOURCE_COLOCATED = "rljob_gpu"  # group "gpu": trainer and engines share these bundles

@@ -18,7 +18,18 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .resource import API_VERSION, CATEGORIES, CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from .resource import (
+    API_VERSION,
+    CATEGORIES,
+    CRD_NAME,
+    GROUP,
+    KIND,
+    NAME_VALIDATION,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 from .spec import RLTrainingJobSpec
 from .status import RLTrainingJobStatus
 
@@ -135,13 +146,16 @@ def build_crd() -> dict[str, Any]:
         "description": f"{KIND} runs reinforcement-learning post-training (GRPO, GSPO, REINFORCE++, PPO) "
         "of an LLM: a Megatron or torch trainer plus SGLang rollout engines on a KubeRay RayJob.",
         "required": ["spec"],
+        "x-kubernetes-validations": [NAME_VALIDATION],
         "properties": {
             "apiVersion": {
                 "type": "string",
                 "description": f"The versioned schema of this object: {API_VERSION}.",
             },
             "kind": {"type": "string", "description": f"The kind of this object: {KIND}."},
-            "metadata": {"type": "object"},
+            # Declared so the name rule can name its field (the API server allows only name and
+            # generateName here).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 253}}},
             "spec": spec,
             "status": status,
         },

@@ -9,11 +9,21 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, ENV_NAME_PATTERN, QUANTITY_PATTERN
+from .base import (
+    DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    ENV_NAME_PATTERN,
+    IMAGE_PATTERN,
+    LABEL_VALUE_PATTERN,
+    QUANTITY_PATTERN,
+)
 
 # What a regular expression means, for people who would rather not read one.
 _PATTERN_MEANING = {
-    QUANTITY_PATTERN: "must be a Kubernetes quantity such as 4, 500m, 16Gi or 1e3",
+    QUANTITY_PATTERN: "must be a non-negative Kubernetes quantity such as 4, 500m, 16Gi or 1e3",
+    IMAGE_PATTERN: "must be an image reference: [registry[:port]/]lowercase/path[:tag][@digest]",
+    LABEL_VALUE_PATTERN: "must be a label value: at most 63 letters, digits, '-', '_' or '.', beginning and "
+    "ending with a letter or digit",
     DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting and ending "
     "with a letter or digit",
     DNS_SUBDOMAIN_PATTERN: "must be a DNS subdomain: lowercase letters, digits, '-' and '.'",

@@ -22,6 +22,27 @@ SHORT_NAMES = ("rljob", "rljobs")
 CATEGORIES = ("all", "ml")
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
+# KubeRay names the RayCluster "<rayjob>-<5 chars>" and its Services after that, and the RayJob is
+# named after the job: a longer name is refused at admission (NAME_VALIDATION, at the CRD's root).
+NAME_MAX = 47
+_NAME_ADVICE = (
+    f" characters; KubeRay allows at most {NAME_MAX} for the RayJob it runs on. "
+    "Create the job again with a shorter name."
+)
+NAME_VALIDATION = {
+    "rule": f"size(self.metadata.name) <= {NAME_MAX}",
+    # No messageExpression: with it the schema's estimated CEL cost exceeds the API server's budget
+    # and the whole CRD is refused. fieldPath needs metadata.name declared (crdgen does).
+    "message": f"the name has more than {NAME_MAX}" + _NAME_ADVICE,
+    "fieldPath": ".metadata.name",
+    "reason": "FieldValueInvalid",
+}
+
+
+def name_problem(name: str) -> str | None:
+    """NAME_VALIDATION's verdict in Python, with its message."""
+    return None if len(name) <= NAME_MAX else str(NAME_VALIDATION["message"])
+
 
 class RLTrainingJob(BaseModel):
     """A whole RLTrainingJob object as kubectl sees it."""

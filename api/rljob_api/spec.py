@@ -13,7 +13,9 @@ from .spec_ops import CheckpointSpec, FaultToleranceSpec
 from .spec_resources import ResourcesSpec
 from .spec_rollout import RolloutSpec
 from .spec_training import TrainingSpec
+from .spec_volumes import CHECKPOINT_MOUNT_RULES
 from .spec_workload import DataSpec, ModelSpec, RewardSpec
+from .support import SUPPORT_RULES
 
 # CEL snippets over the spec (`self`), reused by several rules.
 _TRAINER_GPUS = "(self.resources.trainer.nodes * self.resources.trainer.gpusPerNode)"
@@ -59,8 +61,8 @@ _SPEC_RULES = (
         field=".training.parallelism",
         check=lambda s: trainer_gpus(s) % model_parallel_size(s) == 0,
     ),
-    # (training.parallelism.expert above 1 is refused until MoE is supported: TrainingSpec's rules; the
-    # layout rule "expert divides the trainer GPUs per pipeline stage" comes back with it.)
+    # (training.parallelism.expert above 1 is refused until MoE is supported: support.py; the layout
+    # rule "expert divides the trainer GPUs per pipeline stage" comes back with it.)
     Rule(
         # Only checked once the model-parallel rule holds (it reports that case), so the divisor is >= 1.
         cel=f"{_TRAINER_GPUS} % {_MODEL_PARALLEL} != 0 || self.training.globalBatchSize % "
@@ -75,21 +77,6 @@ _SPEC_RULES = (
         ),
     ),
     Rule(
-        cel="self.resources.device != 'cpu' || (self.rollout.engine == 'hf' && self.training.backend == 'torch')",
-        message="resources.device cpu needs rollout.engine hf and training.backend torch",
-        field=".resources.device",
-        check=lambda s: (
-            s.resources.device != "cpu" or (s.rollout.engine == "hf" and s.training.backend == "torch")
-        ),
-    ),
-    Rule(
-        cel="!self.rollout.async.enabled || !self.resources.colocate",
-        message="rollout.async.enabled needs resources.colocate false: colocated engines and trainer take "
-        "turns on the same GPUs, so generation cannot overlap training",
-        field=".rollout.async.enabled",
-        check=lambda s: not (s.rollout.async_.enabled and s.resources.colocate),
-    ),
-    Rule(
         cel="!self.algorithm.dynamicSampling.enabled || !has(self.algorithm.dynamicSampling.overSamplingBatchSize)"
         " || self.algorithm.dynamicSampling.overSamplingBatchSize >= self.rollout.batchSize",
         message="algorithm.dynamicSampling.overSamplingBatchSize must be at least rollout.batchSize",
@@ -101,20 +88,16 @@ _SPEC_RULES = (
         ),
     ),
     Rule(
-        cel="self.training.backend != 'megatron' || self.algorithm.advantageEstimator != 'ppo'",
-        message="algorithm.advantageEstimator ppo is not supported yet by training.backend megatron (no "
-        "critic there): use backend torch",
-        field=".algorithm.advantageEstimator",
-        check=lambda s: s.training.backend != "megatron" or s.algorithm.advantage_estimator != "ppo",
+        cel="!self.algorithm.dynamicSampling.enabled || self.rollout.nSamplesPerPrompt >= 2",
+        message="algorithm.dynamicSampling needs rollout.nSamplesPerPrompt >= 2: a group of one sample has no "
+        "reward variance, so every group would be dropped",
+        field=".algorithm.dynamicSampling.enabled",
+        check=lambda s: not s.algorithm.dynamic_sampling.enabled or s.rollout.n_samples_per_prompt >= 2,
     ),
-    Rule(
-        cel="!has(self.model.megatronCheckpoint)",
-        message="model.megatronCheckpoint is not supported yet: the trainer starts from the Hugging Face "
-        "weights of model.path",
-        field=".model.megatronCheckpoint",
-        check=lambda s: s.model.megatron_checkpoint is None,
-    ),
+    # What the runtime does not run yet (device x engine x backend x mode x features): support.py.
+    *SUPPORT_RULES,
     immutable("model", "model", hint="a different model is a different job; create a new RLTrainingJob"),
+    *CHECKPOINT_MOUNT_RULES,
 )
 
 

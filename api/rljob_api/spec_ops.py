@@ -22,15 +22,18 @@ class VolumeSpec(ApiModel):
 
 
 class ExportSpec(ApiModel):
-    """Conversion of the final checkpoint to a Hugging Face directory."""
+    """Conversion of the final checkpoint to a Hugging Face directory. Not supported yet: only the
+    defaults are accepted (every checkpoint already holds a Hugging Face directory, iter_<step>/model)."""
 
     hugging_face: bool = Field(
         default=False,
-        description="When the job succeeds, run a conversion Job that writes the final weights as a Hugging "
-        "Face directory (safetensors + config + tokenizer).",
+        description="Not supported yet (true is refused): when the job succeeds, run a conversion Job that "
+        "writes the final weights as a Hugging Face directory (safetensors + config + tokenizer).",
     )
     path: Path | None = Field(
-        default=None, description="Where to write it; defaults to <checkpoint.path>/hf."
+        default=None,
+        description="Not supported yet (refused when set): where the conversion writes; defaults to "
+        "<checkpoint.path>/hf.",
     )
 
 
@@ -63,7 +66,9 @@ class CheckpointSpec(ApiModel):
         description="auto: continue from the latest checkpoint under path if there is one; never: always "
         "start fresh; required: fail if there is none.",
     )
-    export: ExportSpec = section(ExportSpec, "Export to Hugging Face format on completion.")
+    export: ExportSpec = section(
+        ExportSpec, "Export to Hugging Face format on completion (not supported yet)."
+    )
 
 
 class HealthCheckSpec(ApiModel):
@@ -92,11 +97,12 @@ class FaultToleranceSpec(ApiModel):
         "fails after this many replacements.",
     )
     max_trainer_restarts: int = Field(
-        default=3,
+        default=0,
         ge=0,
         le=1000,
-        description="A lost trainer process restarts the trainer group from the latest checkpoint, at most "
-        "this many times.",
+        description="Not supported yet (above 0 is refused): restart only the trainer group from the latest "
+        "checkpoint when a trainer process is lost, at most this many times. Today a lost trainer process "
+        "fails the Ray job, which backoffLimit retries.",
     )
     backoff_limit: int = Field(
         default=0,
@@ -104,4 +110,19 @@ class FaultToleranceSpec(ApiModel):
         le=100,
         description="Times the whole Ray job (a fresh Ray cluster) is retried after it fails; it resumes "
         "from the latest checkpoint.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=600,
+        ge=30,
+        le=604800,
+        description="How long a pod of a starting job may stay stuck (image pull failing, unschedulable, "
+        "its creation refused by a ResourceQuota, its head crash-looping) before the job is Stalled (or "
+        "Failed, see onStartupTimeout). The reason shows in the job's status at once; this only decides "
+        "when it counts as stuck for good.",
+    )
+    on_startup_timeout: Literal["Stall", "Fail"] = Field(
+        default="Stall",
+        description="Stall: the job stays Starting with Stalled=True and starts by itself if the cause "
+        "clears. Fail: the job becomes Failed and its RayJob is suspended, so KubeRay deletes the Ray "
+        "cluster and its pods stop holding quota (the RayJob stays for inspection).",
     )

@@ -8,16 +8,26 @@ from pydantic import Field
 
 from .base import (
     ENV_NAME_PATTERN,
+    IMAGE_PATTERN,
     ApiModel,
     LabelKey,
     LabelValue,
     Name,
+    QualifiedName,
     Quantity,
-    ShortText,
     section,
 )
 from .images import RUNTIME_IMAGE
 from .rules import Rule, immutable
+from .spec_pods import (
+    Annotations,
+    Labels,
+    PodSecurity,
+    qualified_keys_rule,
+    reserved_env_rule,
+    reserved_labels_rule,
+)
+from .spec_volumes import VOLUME_LIST_RULES, SubPath, Volumes
 
 _GANG = "the GPU gang is fixed for the life of the job; create a new job to resize it"
 
@@ -34,9 +44,21 @@ class Toleration(ApiModel):
             field=".value",
             check=lambda t: t.operator != "Exists" or t.value is None,
         ),
+        Rule(
+            cel="has(self.key) || self.operator == 'Exists'",
+            message="operator must be Exists when key is empty (which matches every taint)",
+            field=".operator",
+            check=lambda t: t.key is not None or t.operator == "Exists",
+        ),
+        Rule(
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="tolerationSeconds needs effect NoExecute",
+            field=".tolerationSeconds",
+            check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+        ),
     )
 
-    key: LabelKey | None = Field(
+    key: QualifiedName | None = Field(
         default=None, description="Taint key; empty with operator Exists matches all."
     )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
@@ -99,7 +121,9 @@ class SecretsSpec(ApiModel):
     """Credentials the runtime needs, as references to Secrets in the job's namespace."""
 
     hugging_face_token: KeySelector | None = Field(
-        default=None, description="Exposed as HF_TOKEN: downloads of gated models from the hub."
+        default=None,
+        description="Hugging Face token for gated models: mounted as a file (HF_TOKEN_PATH), never an "
+        "environment variable.",
     )
     wandb_api_key: KeySelector | None = Field(
         default=None, description="Exposed as WANDB_API_KEY: metrics to Weights & Biases."
@@ -107,10 +131,35 @@ class SecretsSpec(ApiModel):
 
 
 class PodResources(ApiModel):
-    """CPU and memory of one pod."""
+    """CPU and memory of one group of pods, and what users add to them."""
+
+    rules = (
+        reserved_env_rule(),
+        reserved_labels_rule(),
+        qualified_keys_rule("labels", "labels"),
+        qualified_keys_rule("annotations", "annotations"),
+    )
 
     cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8 or '500m'.")
     memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. '64Gi'.")
+    labels: Labels = Field(
+        default_factory=dict,
+        description="Labels of these pods (over resources.labels), e.g. for cost reports.",
+    )
+    annotations: Annotations = Field(
+        default_factory=dict,
+        description="Annotations of these pods (over resources.annotations), e.g. for a sidecar injector.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Environment of these pods (after resources.env)."
+    )
+
+
+class ModelCacheSpec(ApiModel):
+    """The shared model cache volume."""
+
+    claim_name: Name = Field(description="PersistentVolumeClaim (ReadWriteMany for jobs of several pods).")
+    sub_path: SubPath | None = Field(default=None, description="Directory of the claim to use.")
 
 
 class HeadSpec(PodResources):
@@ -118,12 +167,18 @@ class HeadSpec(PodResources):
 
     cpu: Quantity | None = Field(default="2", description="CPU of the head pod.")
     memory: Quantity | None = Field(default="8Gi", description="Memory of the head pod.")
+    tolerations: Tolerations = Field(
+        default_factory=list,
+        description="Extra tolerations for the head pod (added to resources.tolerations).",
+    )
 
 
 class TrainerResources(PodResources):
     """Trainer GPUs: nodes x gpusPerNode, one trainer process per GPU."""
 
     rules = (
+        *PodResources.rules,
+        qualified_keys_rule("nodeSelector", "node_selector"),
         immutable("nodes", "nodes", hint=_GANG),
         immutable("gpusPerNode", "gpus_per_node", hint=_GANG),
     )
@@ -149,6 +204,8 @@ class RolloutResources(PodResources):
     """Rollout GPUs: the SGLang engines."""
 
     rules = (
+        *PodResources.rules,
+        qualified_keys_rule("nodeSelector", "node_selector"),
         immutable("gpus", "gpus", optional=True, hint=_GANG),
         immutable("gpusPerEngine", "gpus_per_engine", hint=_GANG),
     )
@@ -266,6 +323,12 @@ class ResourcesSpec(ApiModel):
         ),
         immutable("device", "device", hint=_GANG),
         immutable("colocate", "colocate", hint=_GANG),
+        reserved_env_rule(),
+        reserved_labels_rule(),
+        qualified_keys_rule("labels", "labels"),
+        qualified_keys_rule("annotations", "annotations"),
+        qualified_keys_rule("nodeSelector", "node_selector"),
+        *VOLUME_LIST_RULES,
     )
 
     device: Literal["cuda", "cpu"] = Field(
@@ -287,9 +350,10 @@ class ResourcesSpec(ApiModel):
     shm_size: Quantity = Field(
         default="16Gi", description="Size of /dev/shm in GPU pods (NCCL and CUDA IPC need a large one)."
     )
-    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+    image: Annotated[str, Field(min_length=1, max_length=1024, pattern=IMAGE_PATTERN)] = Field(
         default=RUNTIME_IMAGE,
-        description="Runtime container image (rljob, Ray, torch, SGLang, Megatron).",
+        description="Runtime container image (rljob, Ray, torch, SGLang, Megatron): "
+        "[registry[:port]/]path[:tag][@digest].",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Image pull policy of all pods."
@@ -304,7 +368,7 @@ class ResourcesSpec(ApiModel):
         description="Pod affinity/anti-affinity of every pod (core/v1 Affinity), e.g. to keep a job in one zone.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
-    priority_class_name: ShortText | None = Field(
+    priority_class_name: Name | None = Field(
         default=None, description="PriorityClass of the pods (preemption and queue order)."
     )
     service_account_name: Name | None = Field(
@@ -315,4 +379,20 @@ class ResourcesSpec(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Environment of every container."
     )
+    labels: Labels = Field(default_factory=dict, description="Labels of every pod.")
+    annotations: Annotations = Field(default_factory=dict, description="Annotations of every pod.")
     secrets: SecretsSpec = section(SecretsSpec, "Credentials from Secrets.")
+    volumes: Volumes = Field(
+        default_factory=list,
+        description="Volumes mounted in every pod (head, trainer, rollout): models, data, hooks, caches. "
+        "model.path, data.path and hooks may point inside them.",
+    )
+    model_cache: ModelCacheSpec | None = Field(
+        default=None,
+        description="A PersistentVolumeClaim for downloaded and converted models, shared by the jobs that "
+        "name it (ReadWriteMany), so a model is downloaded once per revision. Without it each pod caches "
+        "in its own ephemeral storage.",
+    )
+    security_context: PodSecurity = section(
+        PodSecurity, "User and group of the containers (always non-root)."
+    )

@@ -24,15 +24,6 @@ class RouterSpec(ApiModel):
 class AsyncSpec(ApiModel):
     """Asynchronous training: generation of the next step overlaps training on this one."""
 
-    rules = (
-        Rule(
-            cel="self.bufferSize <= 1",
-            message="rollout.async.bufferSize above 1 is not supported yet: one rollout is in flight at a time",
-            field=".bufferSize",
-            check=lambda a: a.buffer_size <= 1,
-        ),
-    )
-
     enabled: bool = Field(
         default=False,
         description="Generate step k+1 while training on step k (one step off-policy). Needs colocate false.",
@@ -41,7 +32,8 @@ class AsyncSpec(ApiModel):
         default=1,
         ge=1,
         le=64,
-        description="Rollout steps that may wait for the trainer before generation pauses.",
+        description="Rollout steps that may wait for the trainer before generation pauses. Only 1 runs today "
+        "(larger values are refused: not supported yet).",
     )
     update_weights_interval: int = Field(
         default=1,
@@ -92,12 +84,6 @@ class RolloutSpec(ApiModel):
     rules = (
         immutable("engine", "engine", hint="the engine is part of the job's pods; create a new job"),
         *_SGLANG_ARGS_RULES,
-        Rule(
-            cel="!self.partialRollout",
-            message="rollout.partialRollout is not supported yet: aborted responses are dropped, not continued",
-            field=".partialRollout",
-            check=lambda r: not r.partial_rollout,
-        ),
     )
 
     engine: Literal["sglang", "hf"] = Field(
@@ -148,7 +134,8 @@ class RolloutSpec(ApiModel):
     )
     partial_rollout: bool = Field(
         default=False,
-        description="Keep responses aborted at the end of a step (dynamic sampling) and continue them next step.",
+        description="Keep responses aborted at the end of a step (dynamic sampling) and continue them next step. "
+        "Not supported yet: true is refused.",
     )
     async_: AsyncSpec = Field(
         default_factory=AsyncSpec,

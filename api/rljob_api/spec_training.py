@@ -15,12 +15,22 @@ class ParallelismSpec(ApiModel):
 
     tensor: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size (Megatron TP).")
     pipeline: int = Field(default=1, ge=1, le=128, description="Pipeline-parallel size (Megatron PP).")
-    context: int = Field(default=1, ge=1, le=64, description="Context-parallel size (Megatron CP).")
+    context: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Context-parallel size (Megatron CP). Not supported yet: only 1 runs (it needs "
+        "TransformerEngine's attention).",
+    )
     expert: int = Field(
-        default=1, ge=1, le=1024, description="Expert-parallel size for MoE models (Megatron EP)."
+        default=1,
+        ge=1,
+        le=1024,
+        description="Expert-parallel size for MoE models (Megatron EP). Not supported yet: only 1 runs.",
     )
     sequence_parallel: bool = Field(
-        default=False, description="Megatron sequence parallelism (with tensor > 1)."
+        default=False,
+        description="Megatron sequence parallelism (with tensor > 1). Not supported yet: true is refused.",
     )
 
 
@@ -54,7 +64,10 @@ class OptimizerSpec(ApiModel):
 class DynamicBatchSpec(ApiModel):
     """Pack micro-batches by token count instead of a fixed number of samples."""
 
-    enabled: bool = Field(default=False, description="Pack micro-batches up to maxTokensPerGpu tokens.")
+    enabled: bool = Field(
+        default=False,
+        description="Pack micro-batches up to maxTokensPerGpu tokens. Not supported yet: true is refused.",
+    )
     max_tokens_per_gpu: int = Field(
         default=16384, ge=1, le=16777216, description="Token budget of one micro-batch on one GPU."
     )
@@ -70,46 +83,7 @@ class TrainingSpec(ApiModel):
     """The trainer and its schedule."""
 
     rules = (
-        Rule(
-            cel="self.backend != 'torch' || (self.parallelism.tensor == 1 && self.parallelism.pipeline == 1"
-            " && self.parallelism.context == 1 && self.parallelism.expert == 1)",
-            message="backend torch supports data parallelism only: parallelism tensor, pipeline, context and "
-            "expert must be 1 (use backend megatron for model parallelism)",
-            field=".parallelism",
-            check=lambda t: (
-                t.backend != "torch"
-                or (t.parallelism.tensor, t.parallelism.pipeline, t.parallelism.context, t.parallelism.expert)
-                == (1, 1, 1, 1)
-            ),
-        ),
-        # Accepted by the API, not by the runtime yet: refused here so no job takes GPUs to fail.
-        Rule(
-            cel="!self.dynamicBatch.enabled",
-            message="training.dynamicBatch is not supported yet (packing micro-batches by token count): "
-            "use microBatchSize",
-            field=".dynamicBatch.enabled",
-            check=lambda t: not t.dynamic_batch.enabled,
-        ),
-        Rule(
-            cel="size(self.megatronArgs) == 0",
-            message="training.megatronArgs is not supported yet: no Megatron option passes through",
-            field=".megatronArgs",
-            check=lambda t: not t.megatron_args,
-        ),
-        Rule(
-            cel="self.backend != 'megatron' || self.parallelism.expert == 1",
-            message="training.parallelism.expert above 1 is not supported yet by backend megatron (MoE needs "
-            "TransformerEngine)",
-            field=".parallelism.expert",
-            check=lambda t: t.backend != "megatron" or t.parallelism.expert == 1,
-        ),
-        Rule(
-            cel="!self.parallelism.sequenceParallel",
-            message="training.parallelism.sequenceParallel is not supported yet (it needs TransformerEngine's "
-            "norms)",
-            field=".parallelism.sequenceParallel",
-            check=lambda t: not t.parallelism.sequence_parallel,
-        ),
+        # What the runtime does not run yet (torch's model parallelism, dynamicBatch, ...): support.py.
         immutable("backend", "backend", hint="checkpoints are in this backend's format; create a new job"),
         immutable(
             "parallelism", "parallelism", hint="checkpoints are sharded for this layout; create a new job"
@@ -118,8 +92,8 @@ class TrainingSpec(ApiModel):
 
     backend: Literal["megatron", "torch"] = Field(
         default="megatron",
-        description="megatron: Megatron-core (GPU, all parallelisms); torch: transformers + torch "
-        "distributed data parallel (CPU-capable, small models, tests).",
+        description="megatron: Megatron-core (GPU; tensor and pipeline parallelism); torch: "
+        "transformers + torch distributed data parallel (CPU-capable, small models, tests).",
     )
     num_rollout: int = Field(
         default=100, ge=1, le=10000000, description="Rollout steps to run; the job succeeds after the last."
@@ -143,5 +117,6 @@ class TrainingSpec(ApiModel):
     dynamic_batch: DynamicBatchSpec = section(DynamicBatchSpec, "Token-budget micro-batching.")
     megatron_args: MegatronArgs = Field(
         default_factory=dict,
-        description="Extra Megatron arguments without the leading dashes, e.g. {overlap-grad-reduce: ''}.",
+        description="Extra Megatron arguments without the leading dashes, e.g. {overlap-grad-reduce: ''}. "
+        "Not supported yet: a non-empty map is refused.",
     )

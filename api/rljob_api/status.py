@@ -13,7 +13,7 @@ from pydantic import Field
 
 from .base import ApiModel, LabelName, Name
 
-Phase = Literal["Pending", "Queued", "Converting", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
+Phase = Literal["Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = Phase.__args__
 
 ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
@@ -40,7 +40,7 @@ class Condition(ApiModel):
 
 
 class Progress(ApiModel):
-    """Training progress, reported by the runtime after every rollout step."""
+    """Training progress, reported by the runtime after every rollout step (and while it downloads the model)."""
 
     step: int = Field(default=0, ge=0, description="Rollout steps completed.")
     num_rollout: int = Field(
@@ -61,6 +61,11 @@ class Progress(ApiModel):
         default=None, description="Path of the latest saved checkpoint."
     )
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the latest checkpoint.")
+    message: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="What the runtime is doing before its first step, e.g. 'downloading Qwen/Qwen3-4B@main: "
+        "1.2/8.0 GB (15%)'; gone once the first step is reported.",
+    )
     updated_at: datetime | None = Field(default=None, description="When the runtime last reported.")
 
 
@@ -72,9 +77,6 @@ class Children(ApiModel):
     service_account: Name | None = Field(
         default=None, description="The ServiceAccount the runtime uses to report progress."
     )
-    conversion_jobs: list[Name] = Field(
-        default_factory=list, max_length=16, description="Checkpoint-conversion batch/v1 Jobs."
-    )
 
 
 class RLTrainingJobStatus(ApiModel):
@@ -85,7 +87,7 @@ class RLTrainingJobStatus(ApiModel):
     )
     phase: Phase | None = Field(
         default=None,
-        description="Pending, Queued, Converting, Starting, Running, Succeeded, Failed or Suspended.",
+        description="Pending, Queued, Starting, Running, Succeeded, Failed or Suspended.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -54,6 +54,7 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     from .driver import RunError, RunOptions, prepare, run
     from .report import JobIdentity
+    from .wandb_log import RunIdentity
 
     report = args.report_status == "on" or (
         args.report_status == "auto" and str(args.config).startswith("env:")
@@ -76,6 +77,7 @@ def _train(args: argparse.Namespace) -> int:
             prepared,
             RunOptions(
                 job=job,
+                identity=RunIdentity(config.name, config.namespace, config.uid),
                 tensorboard_dir=args.tensorboard or os.path.join(config.spec.checkpoint.path, "tensorboard"),
                 resume=args.resume,
                 stop_after=args.stop_after,

@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 
+from rljob_api import yaml_load
 from rljob_api.errors import SpecError
+from rljob_api.metadata import metadata_problems
 from rljob_api.resource import KIND, parse_document
 from rljob_api.spec import RLTrainingJobSpec
 
@@ -27,6 +29,7 @@ class RuntimeConfig:
     name: str | None = None
     namespace: str | None = None
     source: str = "<memory>"
+    uid: str | None = None
 
 
 def load_config(path: str | Path) -> RuntimeConfig:
@@ -38,13 +41,14 @@ def load_config(path: str | Path) -> RuntimeConfig:
         if text is None:
             raise ConfigError([f"environment variable {name} is not set"], source=path)
         try:
-            doc = yaml.safe_load(text)
+            doc = yaml_load.load(text)
         except yaml.YAMLError as exc:
             raise ConfigError([f"{name}: not valid YAML/JSON: {exc}"], source=path) from None
         return config_from_document(doc, source=path)
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        # kubectl's reading of numbers (1e-6 is a float), for the models' strict types
+        docs = [d for d in yaml_load.load_all(path.read_text()) if d is not None]
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such file"], source=str(path)) from None
     except yaml.YAMLError as exc:
@@ -64,6 +68,13 @@ def config_from_document(doc: Any, source: str = "<memory>") -> RuntimeConfig:
         spec, metadata = parse_document(doc)
     except SpecError as exc:
         raise ConfigError(exc.problems, source=f"{source}: {exc.source}") from None
+    naming = metadata_problems(metadata) if isinstance(doc, dict) and "kind" in doc else []
+    if naming:  # a manifest: its name and namespace as the API server checks them
+        raise ConfigError(naming, source=source)
     return RuntimeConfig(
-        spec=spec, name=metadata.get("name"), namespace=metadata.get("namespace"), source=source
+        spec=spec,
+        name=metadata.get("name"),
+        namespace=metadata.get("namespace"),
+        source=source,
+        uid=metadata.get("uid"),
     )

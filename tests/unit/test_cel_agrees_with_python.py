@@ -111,14 +111,18 @@ def _random_spec(rng: random.Random) -> dict[str, Any]:
                 else {
                     "tensor": rng.choice([1, 2, 4]),
                     "pipeline": rng.choice([1, 2, 3]),
-                    "context": rng.choice([1, 2]),
+                    "context": rng.choice([1, 1, 1, 2]),  # above 1: not supported yet
                     "expert": rng.choice([1, 1, 1, 1, 1, 2]),  # above 1: not supported yet
                 },
             },
             "resources": {
                 "device": "cpu" if cpu and rng.random() < 0.9 else "cuda",
                 "colocate": colocate,
-                "trainer": {"nodes": rng.choice([1, 2, 3, 4]), "gpusPerNode": rng.choice([1, 2, 4, 8])},
+                "trainer": {
+                    # colocated cuda runs on one node (support.py): mostly keep to it, to reach valid specs
+                    "nodes": 1 if colocate and not cpu and rng.random() < 0.8 else rng.choice([1, 2, 3, 4]),
+                    "gpusPerNode": rng.choice([1, 2, 4, 8]),
+                },
                 "rollout": {"gpusPerEngine": rng.choice([1, 2, 4]), "gpusPerNode": rng.choice([2, 4, 8])},
             },
             "algorithm": {

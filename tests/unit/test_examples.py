@@ -144,42 +144,48 @@ def _stand_in_model(dest: Path, name: str) -> Path:
     return dest
 
 
-@pytest.mark.slow  # resolves SmolLM2's tokenizer (a conversion the first time, then cached)
-@pytest.mark.parametrize("name", ["grpo-job.yaml", "grpo-disaggregated.yaml", "grpo-async.yaml"])
-def test_gpu_examples_pass_prepare_with_gpus_stood_in(name: str, tmp_path: Path) -> None:
-    """The GPU examples as written (engine sglang, megatron, their parallelism, batch sizes, algorithm
-    and reward) pass the runtime's prepare, with only their paths pointing at stand-ins here: the
-    model (its real config.json), the data and evaluation sets, the checkpoint directory."""
+def _stand_in_data(data: dict, dest: Path) -> None:
+    """A few prompts with the manifest's keys where its data path does not exist here."""
     import json
 
-    import ray
-
-    from rljob_runtime.driver import prepare
-
-    doc = yaml.safe_load((EXAMPLES / name).read_text())
-    spec = doc["spec"]
-    model_name = Path(spec["model"]["path"]).name
-    spec["model"]["path"] = str(_stand_in_model(tmp_path / model_name, model_name))
-    data = spec["data"]
     rows = [
         {data.get("inputKey", "prompt"): f"What is {i} + {i}?", data.get("labelKey", "label"): str(2 * i)}
         for i in range(8)
     ]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data["path"] = str(tmp_path / "train.jsonl")
+    dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data["path"] = str(dest)
     for dataset in data.get("eval", {}).get("datasets", []):
-        dataset["path"] = data["path"]
-    spec["checkpoint"]["path"] = str(tmp_path / "ckpt")
+        dataset["path"] = str(dest)
+
+
+@pytest.mark.slow  # resolves SmolLM2's tokenizer (a conversion the first time, then cached)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_example_passes_prepare_with_gpus_stood_in(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each example as written (engine, backend, parallelism, batch sizes, algorithm, reward, hooks)
+    passes the runtime's prepare, which refuses what the runtime does not run (the support matrix)
+    and checks the megatron layout against the model's config.json. Only what lies on the cluster's
+    volumes is stood in: a model under /shared/models (its real config.json, SmolLM2's tokenizer) and
+    the data. Nothing needs a GPU before Ray starts; SGLang and megatron-core are checked as
+    installed (the dev environment has both)."""
+    import ray
+
+    from rljob_runtime.driver import prepare
+
+    repo = EXAMPLES.parents[1]
+    monkeypatch.chdir(repo)  # relative paths resolve against the working directory
+    doc = yaml.safe_load(path.read_text())
+    spec = doc["spec"]
+    for env in spec.get("resources", {}).get("env", []):
+        if env["name"] == "PYTHONPATH":  # what the manifest's PYTHONPATH does for the driver
+            monkeypatch.syspath_prepend(str(repo / env["value"]))
+    model = Path(spec["model"]["path"])
+    if model.is_absolute() and not model.exists():
+        spec["model"]["path"] = str(_stand_in_model(tmp_path / model.name, model.name))
+    if not Path(spec["data"]["path"]).exists():
+        _stand_in_data(spec["data"], tmp_path / "train.jsonl")
     parsed, _ = parse_document(doc)
     prepared = prepare(parsed)
-    assert len(prepared.source) == 8 and prepared.spec.rollout.engine == "sglang"
-    assert (
-        prepared.spec.training.backend == "megatron"
-        and prepared.spec.total_gpus()
-        == {
-            "grpo-job.yaml": 8,
-            "grpo-disaggregated.yaml": 16,
-            "grpo-async.yaml": 8,
-        }[name]
-    )
+    assert len(prepared.source) > 0
     assert not ray.is_initialized()

@@ -38,18 +38,17 @@ def choose_transport(spec: RLTrainingJobSpec, *, single_node: bool = False) -> T
 
 
 def check_supported(spec: RLTrainingJobSpec, *, single_node: bool | None = None) -> None:
-    """Refuse what cannot sync: on cuda, colocated across nodes (``single_node`` None: judged from
-    the spec's trainer nodes, before Ray starts)."""
-    if spec.resources.device != "cuda" or not spec.resources.colocate:
+    """Refuse what cannot sync: on cuda, colocated across nodes. ``single_node`` None judges from the
+    spec's trainer nodes (the support matrix's rule, which the API server applies at admission);
+    otherwise from where Ray placed the actors. Either way the message is the matrix's."""
+    from rljob_api.support import colocated_nodes_limit
+
+    limit = colocated_nodes_limit(spec.resources.device)
+    if limit is None:
         return
-    if single_node is None:
-        single_node = spec.resources.trainer.nodes == 1
-    if not single_node:
-        raise NotImplementedError(
-            "weight sync for resources.colocate true across nodes is not implemented: CUDA IPC does not "
-            "cross nodes, and an engine sharing a GPU with a trainer rank cannot join its NCCL group; use "
-            "one trainer node, or resources.colocate false (engines on their own GPUs, synced by NCCL)"
-        )
+    fits = limit.supported(spec) if single_node is None else single_node or not spec.resources.colocate
+    if not fits:
+        raise NotImplementedError(limit.problem())
 
 
 def make_transport(

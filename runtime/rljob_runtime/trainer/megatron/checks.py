@@ -1,5 +1,7 @@
 """What the megatron backend refuses, checked before Ray starts (``driver.prepare``) and again by each
-rank: options it does not implement yet (by name), the model (HF config.json only) and the layout.
+rank: options this runtime does not implement yet (the support matrix, ``rljob_api.support``, which
+the API server applies at admission with the same words), the model (HF config.json only) and the
+layout (which needs config.json, so it stays at run time).
 
 Pure: no megatron-core import, no GPU; reads only the model's config.json.
 """
@@ -11,28 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from rljob_api.spec import RLTrainingJobSpec, trainer_gpus
+from rljob_api.support import unsupported
 
 from .arch import ModelShape, model_shape
 from .parallel import Parallelism, validate_parallelism
 
 
 def unsupported_options(spec: RLTrainingJobSpec) -> list[str]:
-    """Spec options the megatron backend does not implement yet, each named as in the manifest."""
-    training, par = spec.training, spec.training.parallelism
-    out = []
-    if spec.algorithm.advantage_estimator == "ppo":
-        out.append("advantageEstimator ppo with training.backend megatron (no critic yet; use backend torch)")
-    if training.dynamic_batch.enabled:
-        out.append("training.dynamicBatch with training.backend megatron")
-    if par.expert != 1:
-        out.append(f"training.parallelism.expert {par.expert} (MoE needs TransformerEngine)")
-    if par.sequence_parallel:
-        out.append("training.parallelism.sequenceParallel (needs TransformerEngine norms)")
-    if training.megatron_args:
-        out.append(f"training.megatronArgs ({', '.join(sorted(training.megatron_args))})")
-    if spec.model.megatron_checkpoint:
-        out.append("model.megatronCheckpoint (start from the Hugging Face weights)")
-    return out
+    """Spec options this runtime does not implement yet ('spec.<field>: <message>', the API server's
+    words): the support matrix's verdict, so a rank refuses exactly what admission refuses."""
+    return unsupported(spec)
 
 
 def read_hf_config(model_path: str | Path) -> dict[str, Any]:
@@ -73,7 +63,7 @@ def check_megatron(
     spec: RLTrainingJobSpec, model_path: str | Path, gpus: int | None = None
 ) -> tuple[ModelShape, Parallelism]:
     """Everything above for a model directory: unsupported options first (all named), then the layout."""
-    unsupported = unsupported_options(spec)
-    if unsupported:
-        raise NotImplementedError("not supported by the megatron backend yet: " + "; ".join(unsupported))
+    refused = unsupported_options(spec)
+    if refused:
+        raise NotImplementedError(" | ".join(refused))
     return check_layout(spec, read_hf_config(model_path), gpus)

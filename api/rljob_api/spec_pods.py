@@ -1,0 +1,110 @@
+"""What users may add to the job's pods without a fork: labels, annotations, environment, and the
+user and group the containers run as. Validated as pod validation would, so a bad value is refused
+when the job is applied, not when KubeRay creates the pods."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field
+
+from .base import QUALIFIED_NAME_PATTERN, ApiModel, LabelKey, LabelValue
+from .rules import Rule
+
+# Set by the operator (the job's identity, caches, token) or by KubeRay (Ray's addresses and auth):
+# a user value would be ignored or would break the cluster.
+OPERATOR_ENV = (
+    "RLJOB_JOB",
+    "RLJOB_JOB_NAME",
+    "RLJOB_NAMESPACE",
+    "RLJOB_CACHE",
+    "HF_HOME",
+    "HF_TOKEN_PATH",
+)
+KUBERAY_ENV = (
+    "RAY_ADDRESS",
+    "RAY_IP",
+    "FQ_RAY_IP",
+    "RAY_PORT",
+    "RAY_CLUSTER_NAME",
+    "RAY_CLUSTER_NAMESPACE",
+    "RAY_NODE_TYPE_NAME",
+    "RAY_CLOUD_INSTANCE_ID",
+    "RAY_HEAD_POD_NAME",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "KUBERAY_GEN_RAY_START_CMD",
+    "KUBERAY_CRD_VER",
+)
+RESERVED_ENV = OPERATOR_ENV + KUBERAY_ENV
+# Label prefixes the operator and KubeRay select pods by.
+RESERVED_LABEL_PREFIXES = ("rljob.dev/", "ray.io/")
+
+AnnotationKey = LabelKey
+# Pod validation caps a pod's annotations at 256 KiB in all; up to three maps of 32 reach a pod.
+AnnotationValue = Annotated[str, Field(max_length=2048)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=32)]
+Annotations = Annotated[dict[AnnotationKey, AnnotationValue], Field(max_length=32)]
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def qualified_keys_rule(name: str, attr: str) -> Rule:
+    """The keys of map field `name` (python `attr`) are qualified names, as pod validation wants
+    for labels, annotations and node selectors."""
+    pattern = QUALIFIED_NAME_PATTERN.replace("\\", "\\\\")
+    return Rule(
+        cel=f"!has(self.{name}) || self.{name}.all(k, k.matches('{pattern}'))",
+        message=f"{name}: keys must be qualified names: an optional DNS subdomain and '/', then at most 63 "
+        "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit",
+        field=f".{name}",
+        check=lambda o: all(re.match(QUALIFIED_NAME_PATTERN, k) for k in getattr(o, attr)),
+    )
+
+
+def reserved_env_rule(field: str = ".env") -> Rule:
+    """`env` may not set a variable the operator or KubeRay sets."""
+    return Rule(
+        cel=f"!has(self.env) || !self.env.exists(e, e.name in {_cel_list(RESERVED_ENV)})",
+        message="env may not set a variable the operator or KubeRay sets itself ("
+        + ", ".join(RESERVED_ENV)
+        + "); use resources.secrets and resources.modelCache for tokens and caches",
+        field=field,
+        check=lambda o: not any(e.name in RESERVED_ENV for e in o.env),
+    )
+
+
+def reserved_labels_rule() -> Rule:
+    return Rule(
+        cel="!has(self.labels) || !self.labels.exists(k, "
+        + " || ".join(f"k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES)
+        + ")",
+        message="labels may not use the prefixes the operator and KubeRay select pods by ("
+        + ", ".join(RESERVED_LABEL_PREFIXES)
+        + ")",
+        field=".labels",
+        check=lambda o: not any(k.startswith(RESERVED_LABEL_PREFIXES) for k in o.labels),
+    )
+
+
+class PodSecurity(ApiModel):
+    """The user and group of the job's containers. Pods always run as non-root, without privilege
+    escalation, with every capability dropped and the RuntimeDefault seccomp profile (Pod Security
+    Standard `restricted`); the operator's admin may add capabilities GPU pods need."""
+
+    run_as_user: int = Field(
+        default=65532,
+        ge=1,
+        le=2147483647,
+        description="UID of the containers (the runtime image's user is 65532; rayproject/ray images use 1000).",
+    )
+    run_as_group: int = Field(default=65532, ge=0, le=2147483647, description="GID of the containers.")
+    fs_group: int | None = Field(
+        default=65532,
+        ge=0,
+        le=2147483647,
+        description="Group that owns mounted volumes, so the non-root user can write checkpoints and caches.",
+    )

@@ -1,0 +1,290 @@
+"""What this runtime runs: the support matrix, as data, and the one definition of its refusals.
+
+Axes: device x rollout.engine x training.backend x mode (colocated / disaggregated, sync / async) x
+parallelism x features. From the tables below come the `LIMITS`, each a CEL expression for the CRD
+(attached to the spec root, so the API server refuses the job at admission) and the same Python
+predicate, which the models run (`rljob-runtime validate`) and which `unsupported` evaluates for the
+runtime's `prepare` and the megatron ranks: one message, word for word, wherever a job is refused.
+
+What the spec alone cannot show stays at run time: the megatron layout against the model's
+config.json (heads, KV heads, layers divisible by the parallel sizes) and whether SGLang /
+megatron-core are installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, get_args
+
+from .rules import Rule
+from .spec_algorithm import AdvantageEstimator
+from .spec_resources import ResourcesSpec
+from .spec_rollout import RolloutSpec
+from .spec_training import TrainingSpec
+
+if TYPE_CHECKING:  # the spec imports this module to attach the rules
+    from .spec import RLTrainingJobSpec
+
+NOT_YET = "not supported by this runtime yet"
+
+# The axes' values are the API's own: a value added there must be placed in the tables below (the
+# import fails with a KeyError until it is).
+DEVICES: tuple[str, ...] = get_args(ResourcesSpec.model_fields["device"].annotation)
+ENGINES: tuple[str, ...] = get_args(RolloutSpec.model_fields["engine"].annotation)
+BACKENDS: tuple[str, ...] = get_args(TrainingSpec.model_fields["backend"].annotation)
+ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
+MODES = ("colocated", "disaggregated")
+MODEL_PARALLEL_DIMS = ("tensor", "pipeline", "context")
+
+# device -> the rollout engines and trainer backends that run on it.
+ENGINES_ON: dict[str, tuple[str, ...]] = {"cuda": ("sglang", "hf"), "cpu": ("hf",)}
+BACKENDS_ON: dict[str, tuple[str, ...]] = {"cuda": ("megatron", "torch"), "cpu": ("torch",)}
+# backend -> model-parallel dimensions it implements (data parallelism is always there), and why not
+# the others. Megatron's context parallelism needs TransformerEngine's attention, which the local
+# layer spec does not use (trainer/megatron/parallel.py).
+MODEL_PARALLEL_OF: dict[str, tuple[str, ...]] = {"megatron": ("tensor", "pipeline"), "torch": ()}
+MODEL_PARALLEL_WHY_NOT: dict[str, str] = {
+    "megatron": "context parallelism needs TransformerEngine's attention",
+    "torch": "data parallel only",
+}
+# backend -> advantage estimators it trains (ppo needs a critic; only torch has one).
+ESTIMATORS_OF: dict[str, tuple[str, ...]] = {
+    "megatron": tuple(e for e in ESTIMATORS if e != "ppo"),
+    "torch": ESTIMATORS,
+}
+# device -> most trainer nodes when colocated (None: any). On cuda the engines share the trainer's
+# GPUs and get weights by CUDA IPC, which does not cross nodes; on cpu the weights travel over HTTP.
+COLOCATED_MAX_NODES: dict[str, int | None] = {"cuda": 1, "cpu": None}
+# mode -> whether async (generation of step k+1 overlapping training on step k) runs there.
+ASYNC_IN: dict[str, bool] = {"colocated": False, "disaggregated": True}
+# (device, mode) -> how weights reach the engines (rljob_runtime.sync.choose_transport).
+WEIGHT_SYNC: dict[tuple[str, str], str] = {
+    ("cuda", "colocated"): "CUDA IPC",
+    ("cuda", "disaggregated"): "NCCL broadcast",
+    ("cpu", "colocated"): "shared-memory file (one node) or tensors over HTTP",
+    ("cpu", "disaggregated"): "shared-memory file (one node) or tensors over HTTP",
+}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One thing the runtime does not run yet. `cel` and `supported` are true when the spec is fine."""
+
+    field: str  # relative to the spec, as the API server names it: ".training.dynamicBatch.enabled"
+    what: str  # what is not supported, in the manifest's words
+    instead: str  # what to do instead
+    cel: str
+    supported: Callable[[RLTrainingJobSpec], bool]
+
+    @property
+    def message(self) -> str:
+        return f"{NOT_YET}: {self.what}; {self.instead}"
+
+    def problem(self) -> str:
+        """'spec.<field>: <message>', as `rljob-runtime validate` and the API server report it."""
+        return f"spec{self.field}: {self.message}"
+
+    def rule(self) -> Rule:
+        return Rule(cel=self.cel, message=self.message, field=self.field, check=self.supported)
+
+
+def _or(values: tuple[str, ...] | list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return " or ".join([", ".join(values[:-1]), values[-1]]) if len(values) > 1 else values[0]
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _device_limit(device: str) -> Limit:
+    engines, backends = ENGINES_ON[device], BACKENDS_ON[device]
+    return Limit(
+        field=".resources.device",
+        what=f"resources.device {device} with rollout.engine other than {_or(engines)} or "
+        f"training.backend other than {_or(backends)}",
+        instead=f"on {device} use rollout.engine {_or(engines)} and training.backend {_or(backends)}",
+        cel=f"self.resources.device != '{device}' || (self.rollout.engine in {_cel_list(engines)} && "
+        f"self.training.backend in {_cel_list(backends)})",
+        supported=lambda s: (
+            s.resources.device != device or (s.rollout.engine in engines and s.training.backend in backends)
+        ),
+    )
+
+
+def _model_parallel_limit(backend: str) -> Limit:
+    missing = tuple(d for d in MODEL_PARALLEL_DIMS if d not in MODEL_PARALLEL_OF[backend])
+    elsewhere = [
+        f"training.backend {b} runs {_or(tuple(d for d in missing if d in MODEL_PARALLEL_OF[b]))} parallelism"
+        for b in BACKENDS
+        if b != backend and set(missing) & set(MODEL_PARALLEL_OF[b])
+    ]
+    return Limit(
+        field=".training.parallelism",
+        what=f"training.parallelism {_or(missing)} above 1 with training.backend {backend} "
+        f"({MODEL_PARALLEL_WHY_NOT[backend]})",
+        instead=f"set {'them' if len(missing) > 1 else 'it'} to 1"
+        + (f" ({'; '.join(elsewhere)})" if elsewhere else ""),
+        cel=f"self.training.backend != '{backend}' || ("
+        + " && ".join(f"self.training.parallelism.{d} == 1" for d in missing)
+        + ")",
+        supported=lambda s: (
+            s.training.backend != backend or all(getattr(s.training.parallelism, d) == 1 for d in missing)
+        ),
+    )
+
+
+def _estimator_limit(backend: str) -> Limit:
+    missing = tuple(e for e in ESTIMATORS if e not in ESTIMATORS_OF[backend])
+    can = [b for b in BACKENDS if set(missing) <= set(ESTIMATORS_OF[b])]
+    return Limit(
+        field=".algorithm.advantageEstimator",
+        what=f"algorithm.advantageEstimator {_or(missing)} with training.backend {backend} (no critic there)",
+        instead=f"use training.backend {_or(can)}",
+        cel=f"self.training.backend != '{backend}' || !(self.algorithm.advantageEstimator in "
+        f"{_cel_list(missing)})",
+        supported=lambda s: s.training.backend != backend or s.algorithm.advantage_estimator not in missing,
+    )
+
+
+def _colocated_nodes_limit(device: str, most: int) -> Limit:
+    return Limit(
+        field=".resources.colocate",
+        what=f"resources.colocate true with more than {most} trainer node on {device} (CUDA IPC does not "
+        "cross nodes, and an engine sharing a GPU with a trainer rank cannot join its NCCL group)",
+        instead=f"use at most {most} trainer node, or resources.colocate false (engines on their own "
+        "GPUs, synced by NCCL)",
+        cel=f"self.resources.device != '{device}' || !self.resources.colocate || "
+        f"self.resources.trainer.nodes <= {most}",
+        supported=lambda s: (
+            s.resources.device != device or not s.resources.colocate or s.resources.trainer.nodes <= most
+        ),
+    )
+
+
+def _mode(spec: RLTrainingJobSpec) -> str:
+    return "colocated" if spec.resources.colocate else "disaggregated"
+
+
+_MODE_CEL = {"colocated": "self.resources.colocate", "disaggregated": "!self.resources.colocate"}
+
+
+def _async_limit(mode: str) -> Limit:
+    other = next(m for m in MODES if ASYNC_IN[m])
+    return Limit(
+        field=".rollout.async.enabled",
+        what=f"rollout.async.enabled when {mode} (colocated engines and trainer take turns on the same "
+        "GPUs, so generation cannot overlap training)",
+        instead=f"run {other} (resources.colocate {str(other == 'colocated').lower()}), or set "
+        "rollout.async.enabled false",
+        cel=f"!self.rollout.async.enabled || !({_MODE_CEL[mode]})",
+        supported=lambda s: not (s.rollout.async_.enabled and _mode(s) == mode),
+    )
+
+
+# Fields the API keeps for features to come; only their defaults run today.
+FEATURES_NOT_YET: tuple[Limit, ...] = (
+    Limit(
+        field=".rollout.partialRollout",
+        what="rollout.partialRollout",
+        instead="leave it false (responses aborted at the end of a step are dropped, not continued)",
+        cel="!self.rollout.partialRollout",
+        supported=lambda s: not s.rollout.partial_rollout,
+    ),
+    Limit(
+        field=".rollout.async.bufferSize",
+        what="rollout.async.bufferSize > 1 (one rollout in flight at a time, one step off-policy)",
+        instead="leave it 1",
+        cel="self.rollout.async.bufferSize <= 1",
+        supported=lambda s: s.rollout.async_.buffer_size <= 1,
+    ),
+    Limit(
+        field=".training.dynamicBatch.enabled",
+        what="training.dynamicBatch (micro-batches packed by token count)",
+        instead="use training.microBatchSize",
+        cel="!self.training.dynamicBatch.enabled",
+        supported=lambda s: not s.training.dynamic_batch.enabled,
+    ),
+    Limit(
+        field=".training.megatronArgs",
+        what="training.megatronArgs (no Megatron option passes through)",
+        instead="remove it (the spec's own fields are what the trainer uses)",
+        cel="size(self.training.megatronArgs) == 0",
+        supported=lambda s: not s.training.megatron_args,
+    ),
+    Limit(
+        field=".training.parallelism.expert",
+        what="training.parallelism.expert above 1 (MoE needs TransformerEngine)",
+        instead="leave it 1",
+        cel="self.training.parallelism.expert == 1",
+        supported=lambda s: s.training.parallelism.expert == 1,
+    ),
+    Limit(
+        field=".training.parallelism.sequenceParallel",
+        what="training.parallelism.sequenceParallel (it needs TransformerEngine's norms)",
+        instead="leave it false",
+        cel="!self.training.parallelism.sequenceParallel",
+        supported=lambda s: not s.training.parallelism.sequence_parallel,
+    ),
+    Limit(
+        field=".model.megatronCheckpoint",
+        what="model.megatronCheckpoint",
+        instead="remove it (the trainer starts from the Hugging Face weights of model.path)",
+        cel="!has(self.model.megatronCheckpoint)",
+        supported=lambda s: s.model.megatron_checkpoint is None,
+    ),
+    Limit(
+        field=".checkpoint.export",
+        what="checkpoint.export (a conversion Job after the run)",
+        instead="remove it (every checkpoint already holds the policy as a Hugging Face directory: "
+        "model/ in each iter_NNNNNNN/ under checkpoint.path)",
+        cel="!self.checkpoint.export.huggingFace && !has(self.checkpoint.export.path)",
+        supported=lambda s: not s.checkpoint.export.hugging_face and s.checkpoint.export.path is None,
+    ),
+    Limit(
+        field=".faultTolerance.maxTrainerRestarts",
+        what="faultTolerance.maxTrainerRestarts above 0 (restarting only the trainer group)",
+        instead="use faultTolerance.backoffLimit: a failed Ray job is retried from the latest checkpoint",
+        cel="self.faultTolerance.maxTrainerRestarts == 0",
+        supported=lambda s: s.fault_tolerance.max_trainer_restarts == 0,
+    ),
+)
+
+
+_COLOCATED_NODE_LIMITS = {
+    device: _colocated_nodes_limit(device, most)
+    for device, most in COLOCATED_MAX_NODES.items()
+    if most is not None
+}
+
+
+def colocated_nodes_limit(device: str) -> Limit | None:
+    """The limit on trainer nodes when colocated on `device` (weight sync checks it against where Ray
+    actually placed the actors, too)."""
+    return _COLOCATED_NODE_LIMITS.get(device)
+
+
+def _combination_limits() -> tuple[Limit, ...]:
+    out = [
+        _device_limit(d)
+        for d in DEVICES
+        if set(ENGINES_ON[d]) != set(ENGINES) or set(BACKENDS_ON[d]) != set(BACKENDS)
+    ]
+    out += [
+        _model_parallel_limit(b) for b in BACKENDS if set(MODEL_PARALLEL_OF[b]) != set(MODEL_PARALLEL_DIMS)
+    ]
+    out += [_estimator_limit(b) for b in BACKENDS if set(ESTIMATORS_OF[b]) != set(ESTIMATORS)]
+    out += list(_COLOCATED_NODE_LIMITS.values())
+    out += [_async_limit(m) for m in MODES if not ASYNC_IN[m]]
+    return tuple(out)
+
+
+LIMITS: tuple[Limit, ...] = _combination_limits() + FEATURES_NOT_YET
+SUPPORT_RULES: tuple[Rule, ...] = tuple(limit.rule() for limit in LIMITS)
+
+
+def unsupported(spec: RLTrainingJobSpec) -> list[str]:
+    """'spec.<field>: not supported by this runtime yet: ...' for everything in `spec` this runtime
+    does not run, in the API server's words (empty for a spec the API server admitted)."""
+    return [limit.problem() for limit in LIMITS if not limit.supported(spec)]
