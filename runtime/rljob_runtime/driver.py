@@ -24,19 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from rljob_api.spec import RLTrainingJobSpec
+from rljob_api.support import unsupported
 
-from .algo.batching import steps_per_rollout
 from .checkpoint import store
 from .colocation import Turns
 from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
 from .data.rewards.base import scalar_reward
 from .data.rewards.build import build_reward, reward_needs_label
 from .data.sample import Sample, Status
-from .models import resolve_model
+from .models import resolve_model, resolve_tokenizer
 from .report import JobIdentity, ProgressReporter
 from .rollout.custom_generate import load_hook
 from .step_rollout import StepRollout, next_rollout_async, step_rollout
-from .sync import WeightTransport, check_supported, make_transport
+from .sync import WeightTransport, make_transport
+from .wandb_log import RunIdentity, WandbLogger
 
 log = logging.getLogger("rljob.driver")
 
@@ -59,7 +60,8 @@ class Prepared:
 
 @dataclass
 class RunOptions:
-    job: JobIdentity | None = None
+    job: JobIdentity | None = None  # set: report status.progress to this RLTrainingJob
+    identity: RunIdentity | None = None  # names the W&B run (wandb_log.py)
     tensorboard_dir: str | None = None
     resume: str | None = None  # overrides spec.checkpoint.resume
     stop_after: int | None = None  # stop (as if interrupted) after this many steps: tests, debugging
@@ -77,24 +79,7 @@ class RunResult:
 
 def prepare(spec: RLTrainingJobSpec) -> Prepared:
     """Fail fast: unsupported options, the model, the tokenizer, the data and the reward."""
-    unsupported = []
-    if spec.training.backend == "megatron":
-        unsupported.extend(megatron_unsupported(spec))
-    if spec.rollout.partial_rollout:
-        unsupported.append("rollout.partialRollout")
-    if spec.rollout.async_.enabled and spec.rollout.async_.buffer_size > 1:
-        unsupported.append("rollout.async.bufferSize > 1 (one rollout in flight, one step off-policy)")
-    if unsupported:
-        raise RunError("not supported by this runtime yet: " + "; ".join(unsupported))
-    if spec.algorithm.dynamic_sampling.enabled and spec.rollout.n_samples_per_prompt < 2:
-        raise RunError(
-            "algorithm.dynamicSampling needs rollout.nSamplesPerPrompt >= 2: a group of one sample has no "
-            "reward variance, so every group would be dropped"
-        )
-    check_supported(spec)
-    steps_per_rollout(
-        spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
-    )
+    check_spec(spec)
     model_path = str(resolve_model(spec.model.path))
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
@@ -103,7 +88,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
         check_sglang()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_path)
+    tokenizer_path = str(resolve_tokenizer(spec.model.tokenizer)) if spec.model.tokenizer else model_path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     needs_label = reward_needs_label(spec.reward)
     source, loaded = PromptSource.from_spec(
         spec.data,
@@ -121,11 +107,21 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long)
 
 
-def megatron_unsupported(spec: RLTrainingJobSpec) -> list[str]:
-    """The spec's options the megatron backend cannot do yet, by name."""
-    from .trainer.megatron.checks import unsupported_options
-
-    return unsupported_options(spec)
+def check_spec(spec: RLTrainingJobSpec) -> None:
+    """What `prepare` checks from the spec alone. The models ran these rules when the spec was parsed
+    (as the API server did at admission); a spec built or changed in code meets them here: what this
+    runtime does not run (the support matrix, in the API server's words), then the other spec-wide
+    rules (batch sizes that fill whole steps, dynamic sampling's groups)."""
+    refused = unsupported(spec)
+    if refused:
+        raise RunError(" | ".join(refused))
+    broken = [
+        f"spec{rule.field}: {rule.message}"
+        for rule in type(spec).rules
+        if not rule.transition and not rule.check(spec)
+    ]
+    if broken:
+        raise RunError(" | ".join(broken))
 
 
 def check_megatron_installed() -> None:
@@ -193,7 +189,10 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         model_path=prepared.model_path,
     )
     reporter = ProgressReporter(
-        spec.training.num_rollout, job=options.job, tensorboard_dir=options.tensorboard_dir
+        spec.training.num_rollout,
+        job=options.job,
+        tensorboard_dir=options.tensorboard_dir,
+        wandb=WandbLogger.start(options.identity or RunIdentity(), spec.to_document()),
     )
     try:
         placement = create_placement(spec)

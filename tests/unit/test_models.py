@@ -23,9 +23,17 @@ def test_missing_path_names_it(tmp_path: Path) -> None:
         resolve_model(missing)
 
 
-def test_unknown_hub_id_is_refused() -> None:
-    with pytest.raises(ModelNotFoundError, match=re.escape("Qwen/Qwen3-0.6B")):
-        resolve_model("Qwen/Qwen3-0.6B")
+def test_hub_id_without_a_reachable_hub_names_the_model_and_the_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hub ids are downloaded (tests/integration/test_hub_download.py); here the hub cannot be reached."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(
+        ModelNotFoundError,
+        match=re.escape("Qwen/Qwen3-0.6B@main: cannot reach the hub at http://127.0.0.1:9"),
+    ):
+        resolve_model("Qwen/Qwen3-0.6B", report=lambda line: None)
 
 
 def test_directory_without_config_is_refused(tmp_path: Path) -> None:
@@ -47,3 +55,21 @@ def test_smollm2_builds_from_the_gguf_wheel(tmp_path: Path, monkeypatch: pytest.
         path / "tokenizer_config.json"
     ).read_text()
     assert resolve_model(SMOLLM2_ID) == path  # second call: no rebuild
+
+
+def test_a_worker_that_cannot_see_the_drivers_model_resolves_it_again(tmp_path, monkeypatch) -> None:
+    """prepare resolves the model on the head's pod; a trainer or engine on another pod without
+    a shared model cache does not see that directory and resolves the reference itself."""
+    from rljob_runtime import models
+
+    here = models.make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
+    assert models.model_on_this_node("Org/Tiny", str(here)) == str(here)  # visible: used as is
+    calls: list[str] = []
+
+    def resolve(ref: str, *, field: str = "model.path", report=None):
+        calls.append(ref)
+        return here
+
+    monkeypatch.setattr(models, "resolve_model", resolve)
+    assert models.model_on_this_node("Org/Tiny", "/head-pod/cache/snapshots/abc") == str(here)
+    assert calls == ["Org/Tiny"]

@@ -139,7 +139,7 @@ def test_the_transport_follows_device_and_placement() -> None:
     assert choose_transport(_spec(device="cpu", engine="hf"), single_node=True) == "disk"
     assert choose_transport(_spec(device="cpu", engine="hf"), single_node=False) == "tensors"
     check_supported(_spec(colocate=False), single_node=False)  # engines on their own GPUs: NCCL
-    with pytest.raises(NotImplementedError, match="colocate true across nodes"):
+    with pytest.raises(NotImplementedError, match=r"resources\.colocate true with more than 1"):
         check_supported(_spec(), single_node=False)
 
 

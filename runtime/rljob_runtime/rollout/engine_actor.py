@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import ray
 
+from ..models import model_on_this_node
 from ..net import free_port
 from . import procs, protocol
 
@@ -165,9 +166,12 @@ class EngineProcess:
         host: str | None = None,
         log_dir: str | None = None,
         startup_timeout_s: float = 600.0,
+        model_reference: str | None = None,
     ) -> None:
+        """``model_reference``: spec.model.path, resolved again on this node when ``model_path`` (the
+        driver's resolution) is not visible here."""
         self.kind: EngineKind = kind
-        self.model_path = model_path
+        self.model_path = model_on_this_node(model_reference, model_path) if model_reference else model_path
         self.index = index
         self.dtype = dtype
         self.device = device

@@ -133,6 +133,7 @@ class RolloutManager:
             return dict(
                 kind=rollout.engine,
                 model_path=str(model_path),
+                model_reference=spec.model.path,
                 index=index,
                 dtype=spec.model.dtype,
                 device=device,
@@ -270,7 +271,12 @@ class RolloutManager:
             if self._hook is not None:
                 return
             hook = load_hook(path)
-            source = self.spec.model.tokenizer or self.model_path
+            if self.spec.model.tokenizer:  # a directory, or a hub id: the copy prepare downloaded
+                from ..models import resolve_tokenizer
+
+                source = str(resolve_tokenizer(self.spec.model.tokenizer))
+            else:
+                source = self.model_path
             if source is None:
                 raise RolloutError(
                     f"rollout.customGenerate {path!r}: no model path to load the tokenizer from"

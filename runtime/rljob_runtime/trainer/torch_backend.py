@@ -36,6 +36,7 @@ from rljob_api.spec_training import OptimizerSpec
 from ..algo.batching import steps_per_rollout
 from ..algo.logprobs import entropy_from_logits, token_logprobs
 from ..algo.losses import policy_loss, value_loss
+from ..models import model_on_this_node
 from ..net import free_port, node_ip
 from .base import (
     LogProbs,
@@ -129,7 +130,7 @@ class TorchTrainerRank(Offloadable, WeightSource):
                 "training.dynamicBatch is not implemented by the torch backend; use microBatchSize"
             )
         self.spec = spec
-        self.model_path = str(model_path)
+        self.model_path = model_on_this_node(spec.model.path, model_path)
         self.rank, self.world_size = rank, world_size
         self.dist_timeout_s = dist_timeout_s
         # Ray exposes this rank's GPU as the only visible one: cuda:0.

@@ -31,6 +31,7 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from ...algo.batching import steps_per_rollout
 from ...algo.losses import policy_loss
+from ...models import model_on_this_node
 from ...net import free_port, node_ip
 from ..base import (
     LogProbs,
@@ -79,8 +80,9 @@ class MegatronTrainerRank(Offloadable, WeightSource):
     ) -> None:
         # Everything that can be refused is refused here (driver.prepare did it too), before any
         # process group or GPU memory.
+        model_path = model_on_this_node(spec.model.path, model_path)
         self.shape, self.par = check_megatron(spec, model_path, gpus=world_size)
-        self.spec, self.model_path = spec, str(model_path)
+        self.spec, self.model_path = spec, model_path
         self.rank, self.world_size, self.dist_timeout_s = rank, world_size, dist_timeout_s
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
         self.temperature = spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0
