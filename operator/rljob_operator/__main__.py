@@ -49,6 +49,40 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check that referenced Secrets exist before creating a job's children (needs get secrets)",
     )
+    pods = parser.add_argument_group("job pods (admin policy: jobs cannot change these)")
+    pods.add_argument(
+        "--allow-host-path",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="let jobs mount hostPath volumes below this node directory (repeatable); default: none",
+    )
+    pods.add_argument(
+        "--gpu-capability",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="add this Linux capability to GPU containers, e.g. IPC_LOCK for RDMA (repeatable); pods then "
+        "need a namespace that allows it (not Pod Security 'restricted')",
+    )
+    pods.add_argument(
+        "--no-ray-auth",
+        dest="ray_auth",
+        action="store_false",
+        help="leave the Ray dashboard and job API without token auth (Ray < 2.52 images)",
+    )
+    pods.add_argument(
+        "--no-network-policy",
+        dest="network_policy",
+        action="store_false",
+        help="create no NetworkPolicy per job",
+    )
+    pods.add_argument(
+        "--kuberay-namespace",
+        default=None,
+        help="namespace of the KubeRay operator, the one peer outside a job its NetworkPolicy admits "
+        "(default: KubeRay's pods in any namespace)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -65,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         ray_version=args.ray_version,
         submission_mode=args.submission_mode,
         secret_preflight=args.secret_preflight,
+        gpu_capabilities=tuple(args.gpu_capability),
+        allowed_host_paths=tuple(args.allow_host_path),
+        ray_auth=args.ray_auth,
+        network_policy=args.network_policy,
+        kuberay_namespace=args.kuberay_namespace,
     )
     handlers.Options.resync_seconds = args.resync_seconds
     handlers.Options.namespaces = tuple(args.namespace)

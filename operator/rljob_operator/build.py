@@ -18,25 +18,18 @@ from rljob_api.contract import (
     RAY_RESOURCE_TRAINER,
     resolved_job_json,
 )
-from rljob_api.spec_resources import EnvVar, Toleration, rollout_gpus, rollout_pods
+from rljob_api.spec_resources import PodResources, Toleration, rollout_gpus, rollout_pods
 
+from .build_network import build_network_policy
+from .build_pods import PodGroup, pod_template
+from .build_rbac import build_runtime_rbac
 from .job import Job
 from .names import (
     ENTRYPOINT_ANNOTATION,
     KUEUE_QUEUE_LABEL,
-    LABEL_JOB,
-    LABEL_ROLE,
     child_labels,
     rayjob_name,
-    runtime_account_name,
 )
-
-HEAD_PORTS = [
-    {"name": "gcs", "containerPort": 6379},
-    {"name": "dashboard", "containerPort": 8265},
-    {"name": "client", "containerPort": 10001},
-    {"name": "metrics", "containerPort": 8080},
-]
 
 
 @dataclass(frozen=True)
@@ -49,6 +42,16 @@ class BuildSettings:
     # job's namespace, which the chart grants only per namespace on request; without it a missing
     # Secret shows as the pods' CreateContainerConfigError.
     secret_preflight: bool = False
+    # Capabilities added to GPU containers (e.g. IPC_LOCK for RDMA). Empty: every pod passes the
+    # `restricted` Pod Security Standard; set by the operator's admin, never by a job.
+    gpu_capabilities: tuple[str, ...] = ()
+    # Node directories jobs may mount as hostPath volumes (prefixes); empty: none.
+    allowed_host_paths: tuple[str, ...] = ()
+    # Protect the Ray dashboard and job API with a token (KubeRay authOptions; Ray >= 2.52).
+    ray_auth: bool = True
+    # A NetworkPolicy per job: its pods accept traffic only from each other and from KubeRay.
+    network_policy: bool = True
+    kuberay_namespace: str | None = None  # where KubeRay runs (the policy's peer); None: any namespace
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class WorkerGroup:
     memory: str | None
     node_selector: dict[str, str]
     tolerations: list[Toleration]
+    extras: tuple[PodResources, ...]  # spec sections whose labels, annotations and env the pods get
 
 
 def worker_groups(job: Job) -> list[WorkerGroup]:
@@ -78,6 +82,7 @@ def worker_groups(job: Job) -> list[WorkerGroup]:
                 trainer.memory,
                 {**res.node_selector, **trainer.node_selector, **res.rollout.node_selector},
                 [*res.tolerations, *trainer.tolerations, *res.rollout.tolerations],
+                (trainer, res.rollout),
             )
         ]
     rollout = res.rollout
@@ -92,6 +97,7 @@ def worker_groups(job: Job) -> list[WorkerGroup]:
             trainer.memory,
             {**res.node_selector, **trainer.node_selector},
             [*res.tolerations, *trainer.tolerations],
+            (trainer,),
         ),
         WorkerGroup(
             "rollout",
@@ -102,8 +108,17 @@ def worker_groups(job: Job) -> list[WorkerGroup]:
             rollout.memory,
             {**res.node_selector, **rollout.node_selector},
             [*res.tolerations, *rollout.tolerations],
+            (rollout,),
         ),
     ]
+
+
+def build_prerequisites(job: Job, settings: BuildSettings) -> list[dict[str, Any]]:
+    """What must exist before the RayJob, in order: the runtime's identity, the NetworkPolicy."""
+    children = build_runtime_rbac(job)
+    if settings.network_policy:
+        children.append(build_network_policy(job, kuberay_namespace=settings.kuberay_namespace))
+    return children
 
 
 def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> dict[str, Any]:
@@ -134,13 +149,14 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
                 "rayStartParams": {"dashboard-host": "0.0.0.0"},
-                "template": _pod_template(
-                    job, "head", gpus=0, cpu=spec.resources.head.cpu, memory=spec.resources.head.memory
-                ),
+                "template": pod_template(job, _head_group(job)),
             },
-            "workerGroupSpecs": [_worker_group_spec(job, group) for group in worker_groups(job)],
+            "workerGroupSpecs": [_worker_group_spec(job, group, settings) for group in worker_groups(job)],
         },
     }
+    if settings.ray_auth:
+        # KubeRay makes a Secret with a random token, gives it to every Ray pod and uses it itself.
+        rayjob_spec["rayClusterSpec"]["authOptions"] = {"mode": "token"}
     if suspend is None:
         del rayjob_spec["suspend"]
     if spec.ttl_seconds_after_finished is not None:
@@ -160,8 +176,25 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
     }
 
 
-def _worker_group_spec(job: Job, group: WorkerGroup) -> dict[str, Any]:
+def _head_group(job: Job) -> PodGroup:
+    res = job.spec.resources
+    head = res.head
+    return PodGroup(
+        "head",
+        0,
+        head.cpu,
+        head.memory,
+        dict(res.node_selector),
+        [*res.tolerations, *head.tolerations],
+        (head,),
+    )
+
+
+def _worker_group_spec(job: Job, group: WorkerGroup, settings: BuildSettings) -> dict[str, Any]:
     gpus = group.gpus_per_pod if job.spec.resources.device == "cuda" else 0
+    pods = PodGroup(
+        group.name, gpus, group.cpu, group.memory, group.node_selector, group.tolerations, group.extras
+    )
     return {
         "groupName": group.name,
         "replicas": group.pods,
@@ -170,104 +203,5 @@ def _worker_group_spec(job: Job, group: WorkerGroup) -> dict[str, Any]:
         # The custom resource lets the runtime's placement groups target exactly these pods.
         "resources": {group.ray_resource: str(group.gpus_per_pod)},
         "rayStartParams": {},
-        "template": _pod_template(
-            job,
-            group.name,
-            gpus=gpus,
-            cpu=group.cpu,
-            memory=group.memory,
-            node_selector=group.node_selector,
-            tolerations=group.tolerations,
-        ),
+        "template": pod_template(job, pods, capabilities=settings.gpu_capabilities),
     }
-
-
-def _pod_template(
-    job: Job,
-    role: str,
-    *,
-    gpus: int,
-    cpu: str | None,
-    memory: str | None,
-    node_selector: dict[str, str] | None = None,
-    tolerations: list[Toleration] | None = None,
-) -> dict[str, Any]:
-    res = job.spec.resources
-    container: dict[str, Any] = {
-        "name": "ray-head" if role == "head" else "ray-worker",
-        "image": res.image,
-        "imagePullPolicy": res.image_pull_policy,
-        "env": _env(job),
-        "resources": _resources(cpu, memory, gpus, res.gpu_resource_name),
-        "volumeMounts": [_checkpoint_mount(job)],
-    }
-    if role == "head":
-        container["ports"] = HEAD_PORTS
-    volumes: list[dict[str, Any]] = [_checkpoint_volume(job)]
-    if gpus:
-        # NCCL and CUDA IPC need far more shared memory than the container default of 64 MiB.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}})
-        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
-    pod_spec: dict[str, Any] = {
-        "serviceAccountName": res.service_account_name or runtime_account_name(job.name),
-        "containers": [container],
-        "volumes": volumes,
-    }
-    selector = res.node_selector if node_selector is None else node_selector
-    if selector:
-        pod_spec["nodeSelector"] = dict(selector)
-    tols = res.tolerations if tolerations is None else tolerations
-    if tols:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in tols]
-    if res.affinity:
-        pod_spec["affinity"] = res.affinity
-    if res.priority_class_name:
-        pod_spec["priorityClassName"] = res.priority_class_name
-    if res.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": n} for n in res.image_pull_secrets]
-    return {"metadata": {"labels": {LABEL_JOB: job.name, LABEL_ROLE: role}}, "spec": pod_spec}
-
-
-def _resources(cpu: str | None, memory: str | None, gpus: int, gpu_name: str) -> dict[str, Any]:
-    amounts: dict[str, str] = {}
-    if cpu:
-        amounts["cpu"] = cpu
-    if memory:
-        amounts["memory"] = memory
-    if gpus:
-        amounts[gpu_name] = str(gpus)
-    # Requests equal limits: training pods should not be overcommitted (Guaranteed QoS when both set).
-    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
-
-
-def _checkpoint_mount(job: Job) -> dict[str, Any]:
-    mount = {"name": "checkpoints", "mountPath": job.spec.checkpoint.path}
-    volume = job.spec.checkpoint.volume
-    if volume is not None and volume.sub_path:
-        mount["subPath"] = volume.sub_path
-    return mount
-
-
-def _checkpoint_volume(job: Job) -> dict[str, Any]:
-    volume = job.spec.checkpoint.volume
-    if volume is None:
-        return {"name": "checkpoints", "emptyDir": {}}
-    return {"name": "checkpoints", "persistentVolumeClaim": {"claimName": volume.claim_name}}
-
-
-def _env(job: Job) -> list[dict[str, Any]]:
-    res = job.spec.resources
-    env: list[dict[str, Any]] = [
-        {"name": "RLJOB_JOB_NAME", "value": job.name},
-        {"name": "RLJOB_NAMESPACE", "value": job.namespace},
-    ]
-    secrets = res.secrets
-    for var, ref in (("HF_TOKEN", secrets.hugging_face_token), ("WANDB_API_KEY", secrets.wandb_api_key)):
-        if ref is not None:
-            env.append({"name": var, "valueFrom": {"secretKeyRef": ref.model_dump(by_alias=True)}})
-    env += [_env_var(e) for e in res.env]
-    return env
-
-
-def _env_var(var: EnvVar) -> dict[str, Any]:
-    return var.model_dump(by_alias=True, exclude_none=True)

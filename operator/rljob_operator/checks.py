@@ -1,9 +1,10 @@
 """Pre-flight checks (pure): problems that would make the RayJob fail or hang, found before any
-object is created, and problems the job's pods report once they exist. The reconciler gathers the
-facts (nodes, secrets, claims, pods) and passes them in."""
+object is created (what the pods report once they exist is read by pod_states). The reconciler
+gathers the facts (nodes, secrets, claims) and passes them in."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from .build import worker_groups
 from .job import Job
 from .names import RAYJOB_NAME_MAX
+from .quantity import whole_units
 
 
 @dataclass(frozen=True)
@@ -66,10 +68,24 @@ def check_nodes(job: Job, nodes: Iterable[NodeInfo]) -> Blocker | None:
     return None
 
 
-def check_references(job: Job, secrets: set[str] | None, claims: set[str]) -> Blocker | None:
-    """Secrets and PersistentVolumeClaims the pods would mount or read must exist. `secrets` is None
-    when the operator may not read Secrets (the default install): then a missing one shows up as
-    the pods' CreateContainerConfigError instead (check_pods)."""
+def claims_needed(job: Job) -> list[tuple[str, str]]:
+    """(spec field, claim name) of every PersistentVolumeClaim the pods mount."""
+    res = job.spec.resources
+    needed: list[tuple[str, str]] = []
+    if job.spec.checkpoint.volume is not None:
+        needed.append(("checkpoint.volume.claimName", job.spec.checkpoint.volume.claim_name))
+    if res.model_cache is not None:
+        needed.append(("resources.modelCache.claimName", res.model_cache.claim_name))
+    for i, volume in enumerate(res.volumes):
+        if volume.persistent_volume_claim is not None:
+            needed.append(
+                (f"resources.volumes[{i}] ({volume.name})", volume.persistent_volume_claim.claim_name)
+            )
+    return needed
+
+
+def secrets_needed(job: Job) -> list[tuple[str, str]]:
+    """(spec field, Secret name) of every Secret the pods read and cannot start without."""
     res = job.spec.resources
     needed: list[tuple[str, str]] = []
     for field, ref in (
@@ -78,51 +94,87 @@ def check_references(job: Job, secrets: set[str] | None, claims: set[str]) -> Bl
     ):
         if ref is not None and not ref.optional:
             needed.append((field, ref.name))
-    for i, env in enumerate(res.env):
-        ref = env.value_from.secret_key_ref if env.value_from else None
-        if ref is not None and not ref.optional:
-            needed.append((f"resources.env[{i}] ({env.name})", ref.name))
-    missing = [(field, name) for field, name in needed if secrets is not None and name not in secrets]
+    groups = [("resources", res), ("resources.head", res.head), ("resources.trainer", res.trainer)]
+    groups.append(("resources.rollout", res.rollout))
+    for prefix, section in groups:
+        for i, env in enumerate(section.env):
+            ref = env.value_from.secret_key_ref if env.value_from else None
+            if ref is not None and not ref.optional:
+                needed.append((f"{prefix}.env[{i}] ({env.name})", ref.name))
+    for i, volume in enumerate(res.volumes):
+        if volume.secret is not None and not volume.secret.optional:
+            needed.append((f"resources.volumes[{i}] ({volume.name})", volume.secret.secret_name))
+    return needed
+
+
+def check_references(job: Job, secrets: set[str] | None, claims: set[str]) -> Blocker | None:
+    """Secrets and PersistentVolumeClaims the pods would mount or read must exist. `secrets` is None
+    when the operator may not read Secrets (the default install): then a missing one shows up as
+    the pods' CreateContainerConfigError instead (pod_states)."""
+    missing = [
+        (field, name) for field, name in secrets_needed(job) if secrets is not None and name not in secrets
+    ]
     if missing:
         listed = "; ".join(f"{name!r} (from spec.{field})" for field, name in missing)
         return Blocker(
             "SecretNotFound",
             f"Secret {listed} not found in namespace {job.namespace}. Create it; the job starts when it exists.",
         )
-    volume = job.spec.checkpoint.volume
-    if volume is not None and volume.claim_name not in claims:
+    missing = [(field, name) for field, name in claims_needed(job) if name not in claims]
+    if missing:
+        listed = "; ".join(f"{name!r} (spec.{field})" for field, name in missing)
         return Blocker(
             "VolumeNotFound",
-            f"PersistentVolumeClaim {volume.claim_name!r} (spec.checkpoint.volume.claimName) not found in "
-            f"namespace {job.namespace}. Create it; the job starts when it exists.",
+            f"PersistentVolumeClaim {listed} not found in namespace {job.namespace}. Create it; the job "
+            "starts when it exists.",
         )
     return None
 
 
-# Waiting reasons no retry by the kubelet can fix without a change in the cluster or the spec.
-_STUCK_WAITING = ("CreateContainerConfigError",)
+# etcd refuses objects over 1.5 MiB; the RayJob also gains status and managedFields once stored.
+RAYJOB_BYTES_MAX = 1_000_000
 
 
-def check_pods(job: Job, pods: Iterable[Mapping[str, Any]]) -> Blocker | None:
-    """A job pod whose container cannot be created (a Secret or key it reads is missing, ...)."""
-    for pod in pods:
-        status = pod.get("status") or {}
-        for container in (status.get("initContainerStatuses") or []) + (
-            status.get("containerStatuses") or []
-        ):
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in _STUCK_WAITING:
-                detail = waiting.get("message") or waiting["reason"]
-                return Blocker(
-                    waiting["reason"],
-                    f"pod {pod['metadata']['name']} cannot start container {container.get('name')!r}: "
-                    f"{detail}. Create what it names in namespace {job.namespace}; the pod starts when it exists.",
-                )
+def check_children_fit(job: Job, rayjob: Mapping[str, Any]) -> Blocker | None:
+    """The RayJob built from the spec must be storable: a limit on the whole, which no schema bound
+    per field can express. (Pod annotations, also limited in total, are bounded per field so that
+    the three maps a pod gets stay under pod validation's 256 KiB.)"""
+    size = len(json.dumps(rayjob, separators=(",", ":")))
+    if size > RAYJOB_BYTES_MAX:
+        return Blocker(
+            "SpecTooLarge",
+            f"the RayJob built from this job would be {size} bytes, over the {RAYJOB_BYTES_MAX} the operator "
+            "allows (etcd stores at most 1.5 MiB per object). Shorten resources.env, labels, annotations or "
+            "rollout.sglangArgs, or move large values into a ConfigMap mounted with resources.volumes.",
+            terminal=True,
+        )
     return None
 
 
+def check_host_paths(job: Job, allowed: tuple[str, ...]) -> Blocker | None:
+    """hostPath volumes expose a node's files: only below the prefixes the operator's admin allows."""
+    refused = [
+        (i, v.name, v.host_path.path)
+        for i, v in enumerate(job.spec.resources.volumes)
+        if v.host_path is not None and not any(overlaps_below(v.host_path.path, p) for p in allowed)
+    ]
+    if not refused:
+        return None
+    listed = "; ".join(f"{path!r} (spec.resources.volumes[{i}], {name})" for i, name, path in refused)
+    policy = f"only paths below {', '.join(allowed)}" if allowed else "no hostPath volumes"
+    return Blocker(
+        "HostPathNotAllowed",
+        f"hostPath {listed} is not allowed: this operator's admin allows {policy} (rljob-operator "
+        "--allow-host-path, chart value jobPods.allowedHostPaths). Use a PersistentVolumeClaim, or ask "
+        "the admin to allow the path.",
+    )
+
+
+def overlaps_below(path: str, prefix: str) -> bool:
+    """`path` is `prefix` or lies below it."""
+    prefix = prefix.rstrip("/") or "/"
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
 def _count(quantity: str) -> int:
-    try:
-        return int(quantity)
-    except ValueError:
-        return 0
+    return whole_units(quantity)

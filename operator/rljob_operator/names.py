@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rljob_api.resource import NAME_MAX
+
 GROUP_PREFIX = "rljob.dev"
 FINALIZER = f"{GROUP_PREFIX}/finalizer"
 
@@ -21,8 +23,8 @@ ENTRYPOINT_ANNOTATION = f"{GROUP_PREFIX}/entrypoint"
 KUEUE_GATE_MANAGER = "rljob-operator-kueue-gate"
 
 # KubeRay names the RayCluster "<rayjob>-<5 chars>" and its services after that: RayJob names are
-# limited to 47 characters.
-RAYJOB_NAME_MAX = 47
+# limited to 47 characters. The CRD refuses longer job names at admission (rljob_api.resource).
+RAYJOB_NAME_MAX = NAME_MAX
 
 
 def rayjob_name(job: str) -> str:

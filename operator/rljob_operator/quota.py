@@ -7,7 +7,8 @@ therefore creates a job's RayJob only when the whole job fits:
                 whose pods do not exist yet (so are not yet in `used`)
 
 and admits waiting jobs strictly in creation order (FIFO): a job that does not fit blocks the
-jobs behind it, so big jobs are not starved by a stream of small ones.
+jobs behind it, so big jobs are not starved by a stream of small ones. A job larger than a quota's
+hard limit can never fit: it is refused (QuotaTooSmall, Stalled) and holds up nobody.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     position: int = 0  # 1-based place among waiting jobs
+    impossible: bool = False  # larger than a quota's hard limit: waiting cannot help
 
 
 def decide(name: str, jobs: Iterable[JobDemand], quotas: Iterable[Quota], resource: str) -> Decision:
@@ -55,18 +57,20 @@ def decide(name: str, jobs: Iterable[JobDemand], quotas: Iterable[Quota], resour
     if me.admitted or not quotas or me.gpus == 0:
         return Decision(True)
     tightest = min(quotas, key=lambda q: q.hard - q.used)
-    smallest_hard = min(q.hard for q in quotas)
-    if me.gpus > smallest_hard:
+    smallest = min(quotas, key=lambda q: q.hard)
+    if me.gpus > smallest.hard:
         return Decision(
             False,
             "QuotaTooSmall",
-            f"needs {me.gpus} {resource} but ResourceQuota allows at most {smallest_hard} in this namespace; "
-            "it waits until an administrator raises the quota (or lower the job's GPUs in a new job)",
-            position=1,
+            f"needs {me.gpus} {resource} but ResourceQuota {smallest.name!r} allows at most {smallest.hard} "
+            "in this namespace, so it can never start and does not hold up the jobs behind it. Ask an "
+            "administrator to raise the quota, or create the job again with fewer GPUs.",
+            impossible=True,
         )
     reserved = sum(j.reserved for j in jobs if j.name != name)
     available = tightest.hard - tightest.used - reserved
-    waiting = sorted((j for j in jobs if not j.admitted and j.gpus > 0), key=lambda j: (j.created, j.name))
+    fits_ever = [j for j in jobs if not j.admitted and 0 < j.gpus <= smallest.hard]
+    waiting = sorted(fits_ever, key=lambda j: (j.created, j.name))
     for job in waiting:
         if job.gpus > available:
             break

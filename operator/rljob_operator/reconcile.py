@@ -18,16 +18,35 @@ from typing import Any
 
 from rljob_api.errors import SpecError
 
-from .build import BuildSettings, build_rayjob
-from .build_rbac import build_runtime_rbac
-from .checks import Blocker, check_name, check_nodes, check_pods, check_references
+from .api_errors import ChildWriteError, Trouble, describe, trouble
+from .build import BuildSettings, build_prerequisites, build_rayjob
+from .checks import (
+    Blocker,
+    check_children_fit,
+    check_host_paths,
+    check_name,
+    check_nodes,
+    check_references,
+    claims_needed,
+    secrets_needed,
+)
 from .job import Job, job_from_object
 from .kube import Kube
 from .metrics import Metrics
 from .names import KUEUE_GATE_MANAGER, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
-from .permissions import Denial, denial, describe_api_error
+from .permissions import describe_api_error
+from .pod_states import classify
+from .quantity import whole_units
 from .quota import Decision, JobDemand, Quota, decide
-from .status import TERMINAL, Observed, announcement, compute_status, denied_status, status_changed
+from .status import (
+    TERMINAL,
+    Observed,
+    announcement,
+    compute_status,
+    error_status,
+    holds_pods,
+    status_changed,
+)
 
 log = logging.getLogger("rljob.operator")
 
@@ -36,11 +55,19 @@ BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: BuildSettings, metrics: Metrics, emit: EventSink) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: BuildSettings,
+        metrics: Metrics,
+        emit: EventSink,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
         self.emit = emit
+        self.clock = clock  # the time status and the startup timeout are computed at
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._failures: dict[tuple[str, str], int] = {}
         self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -62,11 +89,11 @@ class Reconciler:
                     name,
                     failures,
                     delay,
-                    describe_api_error(exc),
+                    describe(exc),
                 )
-                refused = denial(exc)
-                if refused is not None:
-                    await self._report_denial(namespace, name, refused)
+                shown = trouble(exc, failures, delay)
+                if shown is not None:
+                    await self._report_trouble(namespace, name, shown)
                 self._retry_later(key, delay)
             else:
                 self.metrics.reconciles.labels(result="ok").inc()
@@ -94,7 +121,7 @@ class Reconciler:
         except SpecError as exc:
             self.emit(obj, "Warning", "InvalidSpec", str(exc))
             return
-        now = datetime.now(UTC)
+        now = self.clock()
         rayjob = await self.kube.get_rayjob(namespace, rayjob_name(name))
         blocker = check_name(job)
         queue: Decision | None = None
@@ -108,26 +135,29 @@ class Reconciler:
                 if create:
                     if rayjob is None and not job.status.get("phase"):
                         job = await self._record_pending(obj, job, Observed(now, None, None, queue))
-                    for child in build_runtime_rbac(job):
-                        await self.kube.apply(child)
+                    for child in build_prerequisites(job, self.settings):
+                        await self._apply_child(child)
                     created = rayjob is None
                     if created and job.spec.queue_name and not job.spec.suspend:
                         # Born suspended under a manager of its own, which Kueue's admission replaces.
-                        rayjob = await self.kube.apply(
+                        rayjob = await self._apply_child(
                             build_rayjob(job, self.settings, suspend=True), manager=KUEUE_GATE_MANAGER
                         )
                         self._announce_created(obj, job, rayjob)  # announced even if the next apply fails
-                    applied = await self.kube.apply(build_rayjob(job, self.settings, suspend=suspend))
+                    applied = await self._apply_child(build_rayjob(job, self.settings, suspend=suspend))
                     if created and rayjob is None:
                         self._announce_created(obj, job, applied)
                     rayjob = applied
         pods = None
         if rayjob is not None and job.status.get("phase") in ("Starting", "Pending", None):
-            pods = check_pods(job, await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"))
+            # Read only while starting: why its pods do not run (a running job's pass lists nothing).
+            pods = classify(await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), rayjob, namespace)
         status = compute_status(job, Observed(now, rayjob, blocker, queue, pods))
         if status_changed(job.status, status):
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
+        if holds_pods(status, rayjob):  # failed by its startup timeout: free the quota its pods hold
+            await self._apply_child(build_rayjob(job, self.settings, suspend=True))
         self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
 
     def _announce_created(self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any]) -> None:
@@ -142,22 +172,36 @@ class Reconciler:
         if retry is not None:
             retry.cancel()
 
-    async def _report_denial(self, namespace: str, name: str, refused: Denial) -> None:
-        """A permission the operator lacks: say which in the log, an event and the job's Stalled
-        condition (each best effort: the missing rule may be the one these need)."""
-        message = refused.message()
-        log.error("permission denied while reconciling %s/%s: %s", namespace, name, message)
+    async def _apply_child(self, child: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """Server-side apply of one child; a failure names the child (api_errors decides whether a
+        retry can help)."""
+        try:
+            return await self.kube.apply(child, **kwargs)
+        except Exception as exc:
+            raise ChildWriteError(child["kind"], child["metadata"]["name"], exc) from exc
+
+    async def _report_trouble(self, namespace: str, name: str, shown: Trouble) -> None:
+        """A failed pass on the job: a refusal (a permission the operator lacks, a child the API server
+        refuses) as Stalled=True, a repeated transient error as Reconciling=True/Retrying with the
+        attempt; in the log, in an event (once per new reason) and in the job's status. Each best
+        effort: the missing rule may be the one these need."""
+        if shown.stalled:  # a retry is logged by reconcile() already
+            log.error("%s while reconciling %s/%s: %s", shown.reason, namespace, name, shown.message)
         try:
             obj = await self.kube.get_job(namespace, name)
             if obj is None:
                 return
             job = job_from_object(obj)
-            denied = denied_status(job, message, datetime.now(UTC))
-            if status_changed(job.status, denied):  # once per denial, not at every retry
-                self.emit(obj, "Warning", "PermissionDenied", message)
-                await self.kube.apply_job_status(namespace, name, denied)
+            status = error_status(job, shown.reason, shown.message, self.clock(), stalled=shown.stalled)
+            if not status_changed(job.status, status):
+                return  # once per refusal, not at every retry
+            kind = "Stalled" if shown.stalled else "Reconciling"
+            old = next((c for c in job.status.get("conditions") or [] if c.get("type") == kind), {})
+            if shown.stalled or old.get("reason") != shown.reason:
+                self.emit(obj, "Warning", shown.reason, shown.message)
+            await self.kube.apply_job_status(namespace, name, status)
         except Exception as exc:
-            log.error("cannot report the denial on %s/%s: %s", namespace, name, describe_api_error(exc))
+            log.error("cannot report %s on %s/%s: %s", shown.reason, namespace, name, describe_api_error(exc))
 
     async def _record_pending(self, obj: dict[str, Any], job: Job, observed: Observed) -> Job:
         """A new job is Pending before its children exist: watchers (kubectl get -w, kstatus,
@@ -168,25 +212,22 @@ class Reconciler:
         return dataclasses.replace(job, status=pending)
 
     async def _preflight(self, job: Job) -> Blocker | None:
-        blocker = check_nodes(job, await self.kube.list_nodes())
+        blocker = (
+            check_children_fit(job, build_rayjob(job, self.settings, suspend=None))
+            or check_host_paths(job, self.settings.allowed_host_paths)
+            or check_nodes(job, await self.kube.list_nodes())
+        )
         if blocker is not None:
             return blocker
-        res = job.spec.resources
-        wanted = [
-            r.name for r in (res.secrets.hugging_face_token, res.secrets.wandb_api_key) if r is not None
-        ]
-        wanted += [
-            e.value_from.secret_key_ref.name for e in res.env if e.value_from and e.value_from.secret_key_ref
-        ]
         secrets = None
         if self.settings.secret_preflight:  # only where the install grants `get secrets`
-            secrets = {s for s in set(wanted) if await self.kube.exists(job.namespace, "secrets", s)}
-        claims = set()
-        volume = job.spec.checkpoint.volume
-        if volume is not None and await self.kube.exists(
-            job.namespace, "persistentvolumeclaims", volume.claim_name
-        ):
-            claims.add(volume.claim_name)
+            wanted = {name for _, name in secrets_needed(job)}
+            secrets = {s for s in wanted if await self.kube.exists(job.namespace, "secrets", s)}
+        claims = {
+            name
+            for name in {name for _, name in claims_needed(job)}
+            if await self.kube.exists(job.namespace, "persistentvolumeclaims", name)
+        }
         return check_references(job, secrets, claims)
 
     async def _admission(
@@ -212,8 +253,8 @@ class Reconciler:
         quotas = [
             Quota(
                 q["metadata"]["name"],
-                _int(q["status"]["hard"][key]),
-                _int((q["status"].get("used") or {}).get(key, "0")),
+                whole_units(q["status"]["hard"][key]),
+                whole_units((q["status"].get("used") or {}).get(key, "0")),
             )
             for q in await self.kube.list_quotas(job.namespace)
             if key in ((q.get("status") or {}).get("hard") or {})
@@ -232,7 +273,7 @@ class Reconciler:
             owner = pod["metadata"]["labels"][LABEL_JOB]
             for container in pod["spec"]["containers"]:
                 requests = (container.get("resources") or {}).get("requests") or {}
-                charged[owner] = charged.get(owner, 0) + _int(requests.get(resource, "0"))
+                charged[owner] = charged.get(owner, 0) + whole_units(requests.get(resource, "0"))
         demands = []
         for other in await self.kube.list_jobs(job.namespace):
             try:
@@ -246,26 +287,17 @@ class Reconciler:
             demands.append(
                 JobDemand(
                     o.name,
-                    o.created or datetime.now(UTC),
+                    o.created or self.clock(),
                     o.spec.total_gpus(),
                     admitted,
                     charged.get(o.name, 0),
                 )
             )
         if job.name not in {d.name for d in demands}:
-            demands.append(
-                JobDemand(job.name, job.created or datetime.now(UTC), job.spec.total_gpus(), False)
-            )
+            demands.append(JobDemand(job.name, job.created or self.clock(), job.spec.total_gpus(), False))
         return decide(job.name, demands, quotas, resource)
 
     def _announce(self, obj: dict[str, Any], job: Job, status: dict[str, Any]) -> None:
         event = announcement(job.status, status)
         if event is not None:
             self.emit(obj, *event)
-
-
-def _int(quantity: str | int) -> int:
-    try:
-        return int(quantity)
-    except (TypeError, ValueError):
-        return 0

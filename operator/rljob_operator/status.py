@@ -2,8 +2,9 @@
 
 The phase is decided first; conditions follow from it so they can never contradict each other.
 kstatus reads them: Ready is present from the first visit, Reconciling=True while starting,
-Stalled=True when the job cannot make progress. `progress` belongs to the runtime and is not
-produced here (the status patch never touches it).
+Stalled=True when the job cannot make progress. Ready carries the summary (its message is the
+`-o wide` column); every other condition carries a reason of its own. `progress` belongs to the
+runtime and is not produced here (the status patch never touches it).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from rljob_api.status import CONDITION_TYPES
 from .checks import Blocker
 from .job import Job
 from .names import runtime_account_name
+from .pod_states import REASONS as STUCK_REASONS
+from .pod_states import Stuck
 from .quota import Decision
 
 TERMINAL = ("Succeeded", "Failed")
+RETRYING = "Retrying"  # Reconciling's reason while API calls fail and are retried
 
 # Condition types that are True in each phase (all others are False).
 _TRUE_IN_PHASE: dict[str, tuple[str, ...]] = {
@@ -32,6 +36,14 @@ _TRUE_IN_PHASE: dict[str, tuple[str, ...]] = {
     "Failed": ("Stalled", "Failed"),
     "Suspended": ("Ready", "Suspended"),
 }
+# (reason, message) of a condition that is False, where that says more than the phase's reason.
+_FALSE: dict[str, tuple[str, str]] = {
+    "Stalled": ("NotStalled", "nothing blocks the job"),
+    "Queued": ("NotQueued", "not waiting for GPU quota or a Kueue queue"),
+    "Succeeded": ("NotFinished", "the job has not finished"),
+    "Failed": ("NotFailed", "the job has not failed"),
+    "Suspended": ("NotSuspended", "spec.suspend is false"),
+}
 
 
 @dataclass(frozen=True)
@@ -42,45 +54,60 @@ class Observed:
     rayjob: Mapping[str, Any] | None = None
     blocker: Blocker | None = None
     queue: Decision | None = None
-    pods: Blocker | None = None  # a job pod that cannot start (check_pods), read while Starting
+    pods: Stuck | None = None  # why the Ray cluster does not start (pod_states.classify), while Starting
 
 
 @dataclass(frozen=True)
 class Verdict:
     phase: str
     reason: str
-    message: str
+    message: str  # one line a person reads in `kubectl get -o wide`
     stalled: bool = False  # Stalled=True although the phase is not Failed (e.g. a missing Secret)
+    detail: str = ""  # the whole story for the Failed / Stalled condition (KubeRay's message), if longer
 
 
 def decide_phase(job: Job, seen: Observed) -> Verdict:
     """The phase, with a CamelCase reason and a message a person can act on."""
     previous = job.status.get("phase")
     rayjob = seen.rayjob
-    if previous in TERMINAL and (rayjob is None or _rayjob_phase(job, rayjob) is None):
-        # Finished jobs stay finished, even after their RayJob is cleaned up.
-        return Verdict(
-            previous,
-            _condition(job, "Ready").get("reason", previous),
-            _condition(job, "Ready").get("message", ""),
-        )
+    if previous in TERMINAL:
+        # Finished jobs stay finished, even after their RayJob is cleaned up (or suspended).
+        ready, outcome = _condition(job, "Ready"), _condition(job, previous)
+        message = ready.get("message", "")
+        detail = outcome.get("message", "") if outcome.get("status") == "True" else ""
+        return Verdict(previous, ready.get("reason", previous), message, detail=detail)
     if seen.blocker is not None:
         if seen.blocker.terminal:
             return Verdict("Failed", seen.blocker.reason, seen.blocker.message)
         return Verdict("Pending", seen.blocker.reason, seen.blocker.message, stalled=True)
     if seen.queue is not None and not seen.queue.admitted:
+        if seen.queue.impossible:  # never fits: it does not hold the queue either
+            return Verdict("Pending", seen.queue.reason, seen.queue.message, stalled=True)
         # Also a resumed job whose RayJob the quota keeps suspended: it waits, it is not starting.
-        return Verdict("Queued", seen.queue.reason, seen.queue.message)
+        resuming = "resuming once admitted: " if rayjob is not None else ""
+        return Verdict("Queued", seen.queue.reason, resuming + seen.queue.message)
     if rayjob is None:
         if job.spec.suspend:
             return Verdict("Suspended", "Suspended", _SUSPENDED)
         return Verdict("Pending", "Creating", "creating the RayJob and the runtime's ServiceAccount")
-    verdict = _rayjob_phase(job, rayjob) or Verdict(
-        "Starting", "Starting", "the RayJob was created; waiting for KubeRay to start it"
-    )
+    verdict = _rayjob_phase(job, rayjob)
     if verdict.phase == "Starting" and seen.pods is not None:
-        return Verdict("Starting", seen.pods.reason, seen.pods.message, stalled=True)
+        return stuck_verdict(job, seen.pods, seen.now)
     return verdict
+
+
+def stuck_verdict(job: Job, stuck: Stuck, now: datetime) -> Verdict:
+    """A starting job whose pods are stuck: the reason shows at once (Reconciling stays True, the
+    cause may clear by itself); past faultTolerance.startupTimeoutSeconds it is Stalled, or Failed
+    when onStartupTimeout is Fail. A cause only a person can clear stalls at once."""
+    tolerance = job.spec.fault_tolerance
+    timeout = tolerance.startup_timeout_seconds
+    if stuck.overdue(now, timeout):
+        message = f"{stuck.message} Stuck for over {timeout} s (faultTolerance.startupTimeoutSeconds)."
+        if tolerance.on_startup_timeout == "Fail":
+            return Verdict("Failed", stuck.reason, message)
+        return Verdict("Starting", stuck.reason, message, stalled=True)
+    return Verdict("Starting", stuck.reason, stuck.message, stalled=stuck.stalls_at_once)
 
 
 _SUSPENDED = (
@@ -89,7 +116,7 @@ _SUSPENDED = (
 )
 
 
-def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict | None:
+def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict:
     status = rayjob.get("status") or {}
     deployment = status.get("jobDeploymentStatus", "")
     ray_status = status.get("jobStatus", "")
@@ -100,8 +127,9 @@ def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict | None:
     if deployment in ("Failed", "ValidationFailed") or (
         deployment == "Complete" and ray_status in ("FAILED", "STOPPED")
     ):
-        detail = message or f"the Ray job ended {ray_status or deployment}"
-        return Verdict("Failed", reason or "RayJobFailed", f"{detail} (RayJob {rayjob['metadata']['name']})")
+        return _failed(
+            rayjob["metadata"]["name"], reason or "RayJobFailed", message, ray_status or deployment
+        )
     suspended = deployment in ("Suspending", "Suspended") or (rayjob.get("spec") or {}).get("suspend")
     if suspended:
         if job.spec.suspend:
@@ -116,8 +144,12 @@ def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict | None:
     if ray_status == "RUNNING":
         return Verdict("Running", "Running", _running(job))
     if deployment == "Retrying":
+        attempt = int(status.get("failed") or 0)
         return Verdict(
-            "Starting", "Retrying", f"the Ray job failed and is retried on a new Ray cluster: {message}"
+            "Starting",
+            "Retrying",
+            f"the Ray job failed (retry {attempt} of {job.spec.fault_tolerance.backoff_limit}) and is "
+            f"retried on a new Ray cluster: {last_line(message) or 'no message'}",
         )
     cluster = status.get("rayClusterStatus") or {}
     ready, desired = cluster.get("readyWorkerReplicas", 0), cluster.get("desiredWorkerReplicas", 0)
@@ -125,10 +157,27 @@ def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict | None:
     return Verdict("Starting", "Starting", f"Ray cluster starting{pods}")
 
 
+def _failed(rayjob: str, reason: str, message: str, ended: str) -> Verdict:
+    """The runtime's one-line reason (the last line it printed, which KubeRay's message ends with
+    after Ray's 'Job entrypoint command failed ... last available logs:' header) for the column;
+    KubeRay's whole message for the Failed condition."""
+    line = last_line(message) or f"the Ray job ended {ended}"
+    whole = message.strip()
+    detail = f"{line} (RayJob {rayjob})" + (
+        f"\nRayJob {rayjob} says: {whole}" if whole and whole != line else ""
+    )
+    return Verdict("Failed", reason, line, detail=detail)
+
+
+def last_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def _running(job: Job) -> str:
     progress = job.status.get("progress") or {}
     if not progress.get("stepText"):
-        return "training started; waiting for the first step"
+        return progress.get("message") or "training started; waiting for the first step"
     reward = progress.get("rewardMean")
     return f"step {progress['stepText']}" + (
         f", reward {reward:.3g}" if isinstance(reward, int | float) else ""
@@ -149,6 +198,22 @@ def _condition(job: Job, kind: str) -> dict[str, Any]:
     return {}
 
 
+def _reason_and_message(kind: str, true: bool, verdict: Verdict) -> tuple[str, str]:
+    """Ready: the verdict (the summary). A True condition: what made it True. A False one: its own."""
+    if kind == "Ready" or true:
+        long = kind in ("Failed", "Stalled") and verdict.detail
+        return verdict.reason, verdict.detail if long else verdict.message
+    if kind == "Reconciling":
+        if verdict.stalled or verdict.phase == "Failed":
+            return "Stalled", "cannot make progress: see the Stalled condition"
+        if verdict.phase == "Queued":
+            return "Queued", "waiting for admission: see the Queued condition"
+        return "Reconciled", "the job's children match its spec"
+    if kind == "Succeeded" and verdict.phase == "Failed":
+        return "Failed", "the job failed: see the Failed condition"
+    return _FALSE[kind]
+
+
 def conditions(job: Job, verdict: Verdict, now: datetime) -> list[dict[str, Any]]:
     """All condition types, each True/False, keeping lastTransitionTime when status did not change."""
     true_types = set(_TRUE_IN_PHASE[verdict.phase])
@@ -157,20 +222,26 @@ def conditions(job: Job, verdict: Verdict, now: datetime) -> list[dict[str, Any]
         true_types.discard("Reconciling")
     out = []
     for kind in CONDITION_TYPES:
-        status = "True" if kind in true_types else "False"
-        old = _condition(job, kind)
-        changed = old.get("status") != status
-        out.append(
-            {
-                "type": kind,
-                "status": status,
-                "observedGeneration": job.generation,
-                "lastTransitionTime": old["lastTransitionTime"] if old and not changed else _time(now),
-                "reason": verdict.reason,
-                "message": verdict.message[:32768],
-            }
-        )
+        true = kind in true_types
+        reason, message = _reason_and_message(kind, true, verdict)
+        out.append(_condition_entry(job, kind, true, reason, message, now))
     return out
+
+
+def _condition_entry(
+    job: Job, kind: str, true: bool, reason: str, message: str, now: datetime
+) -> dict[str, Any]:
+    status = "True" if true else "False"
+    old = _condition(job, kind)
+    changed = old.get("status") != status
+    return {
+        "type": kind,
+        "status": status,
+        "observedGeneration": job.generation,
+        "lastTransitionTime": old["lastTransitionTime"] if old and not changed else _time(now),
+        "reason": reason,
+        "message": message[:32768],
+    }
 
 
 def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
@@ -208,31 +279,60 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
     return status
 
 
-def denied_status(job: Job, message: str, now: datetime) -> dict[str, Any]:
-    """The job's operator-owned status with Stalled=True for a permission the operator lacks; the
-    phase stays (the job itself is fine), and every other field is kept so the apply removes none."""
-    phase = job.status.get("phase") or "Pending"
-    kept = {key: value for key, value in job.status.items() if key != "progress"}
-    verdict = Verdict(phase, "PermissionDenied", message, stalled=True)
-    return {**kept, "phase": phase, "conditions": conditions(job, verdict, now)}
+def holds_pods(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> bool:
+    """Whether a Failed job's RayJob still runs (a startup timeout failed it, not the Ray job): it
+    is suspended, so KubeRay deletes the Ray cluster and its pods stop holding quota."""
+    if status.get("phase") != "Failed" or rayjob is None or (rayjob.get("spec") or {}).get("suspend"):
+        return False
+    deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus", "")
+    return deployment not in ("Complete", "Failed", "ValidationFailed", "Suspending", "Suspended")
+
+
+def error_status(job: Job, reason: str, message: str, now: datetime, *, stalled: bool) -> dict[str, Any]:
+    """The job's status with an API error on it, the phase and everything else kept (the job itself
+    may be fine). stalled: the API refused the operator (a permission, an invalid child, a webhook):
+    Stalled=True until a pass succeeds. Otherwise a retried transient error: Reconciling=True with
+    reason Retrying. Ready carries it too when Ready is False, so `-o wide` shows it."""
+    base = dict(job.status) if job.status.get("conditions") else compute_status(job, Observed(now))
+    kept = {key: value for key, value in base.items() if key != "progress"}
+    phase = kept.get("phase") or "Pending"
+    current = {c["type"]: dict(c) for c in kept.get("conditions") or []}
+    changed = {"Stalled": (True, reason, message)} if stalled else {"Reconciling": (True, reason, message)}
+    if stalled:
+        changed["Reconciling"] = (False, "Stalled", "cannot make progress: see the Stalled condition")
+    if current.get("Ready", {}).get("status") != "True":
+        changed["Ready"] = (False, reason, message)
+    out = []
+    for kind in CONDITION_TYPES:
+        if kind in changed:
+            out.append(_condition_entry(job, kind, *changed[kind], now))
+        elif kind in current:
+            out.append(current[kind])
+    return {**kept, "phase": phase, "conditions": out}
 
 
 def announcement(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """The event (type, reason, message) for a status change: every phase change ("A -> B: ..."),
-    and a new reason within a phase (a blocker found, changed or cleared); None when neither."""
+    a new reason within a phase (a blocker found, changed or cleared) and a job becoming Stalled
+    (a startup timeout passed); None when none of these."""
     ready = next(c for c in after["conditions"] if c["type"] == "Ready")
     old_ready = next((c for c in before.get("conditions") or [] if c.get("type") == "Ready"), {})
-    stalled = any(c["type"] == "Stalled" and c["status"] == "True" for c in after["conditions"])
-    kind = "Warning" if after["phase"] == "Failed" or stalled else "Normal"
+    stalled = _is_true(after, "Stalled")
+    trouble = stalled or after["phase"] == "Failed" or ready["reason"] in (*STUCK_REASONS, RETRYING)
+    kind = "Warning" if trouble else "Normal"
     if before.get("phase") != after["phase"]:
         return (
             kind,
             ready["reason"],
             f"{before.get('phase') or 'New'} -> {after['phase']}: {ready['message']}",
         )
-    if old_ready.get("reason") != ready["reason"]:
+    if old_ready.get("reason") != ready["reason"] or (stalled and not _is_true(before, "Stalled")):
         return kind, ready["reason"], f"{after['phase']}: {ready['message']}"
     return None
+
+
+def _is_true(status: Mapping[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def status_changed(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -140,7 +140,10 @@ def test_quota_admits_whole_gangs_in_order(crd: Any, operator: OperatorProcess, 
             "spec": {"hard": {"requests.nvidia.com/gpu": "24"}},
         }
     )
-    sixteen = {"resources": {**H100, "trainer": {"nodes": 2, "gpusPerNode": 8}}}
+    # 8 trainer + 8 rollout GPUs (two colocated cuda nodes are not supported: api/rljob_api/support.py)
+    sixteen = {
+        "resources": {**H100, "colocate": False, "trainer": {"gpusPerNode": 8}, "rollout": {"gpus": 8}}
+    }
     crd.apply(_in(namespace, job("first", sixteen)))
     wait_for("first Running", in_phase(crd, namespace, "first", "Running", "Starting"), operator)
     crd.apply(_in(namespace, job("second", sixteen)))
@@ -239,9 +242,8 @@ def test_operator_restart_mid_flight_changes_nothing(
 def test_jobs_that_cannot_run_say_why_and_create_nothing(
     crd: Any, operator: OperatorProcess, namespace: str
 ) -> None:
-    long_name = "a" * 48
+    # A name too long for the RayJob is refused by the CRD itself (test_stuck_jobs.py).
     crd.apply(
-        _in(namespace, job(long_name)),
         _in(
             namespace,
             job(
@@ -260,8 +262,6 @@ def test_jobs_that_cannot_run_say_why_and_create_nothing(
             ),
         ),
     )
-    failed = wait_for("NameTooLong", in_phase(crd, namespace, long_name, "Failed"), operator)
-    assert condition(failed, "Failed")["reason"] == "NameTooLong"
     too_big = wait_for(
         "NoNodeFits",
         lambda: (
@@ -280,15 +280,15 @@ def test_jobs_that_cannot_run_say_why_and_create_nothing(
         operator,
     )
     assert "'hf'" in condition(stalled, "Stalled")["message"]
-    for name in (long_name, "too-big", "no-secret"):
-        assert crd.get("rayjob", name[:47], namespace) is None
+    for name in ("too-big", "no-secret"):
+        assert crd.get("rayjob", name, namespace) is None
     # Creating the secret lets the stalled job go on.
     crd.kubectl("create", "secret", "generic", "hf", "--from-literal=token=x", "-n", namespace)
     wait_for("no-secret starts", in_phase(crd, namespace, "no-secret", "Starting", "Running"), operator)
     warnings = crd.kubectl(
         "get", "events", "-n", namespace, "--field-selector", "type=Warning", "-o", "json"
     ).stdout
-    assert "NameTooLong" in warnings and "NoNodeFits" in warnings
+    assert "NoNodeFits" in warnings
 
 
 def test_metrics_count_reconciles_and_phases(crd: Any, operator: OperatorProcess) -> None:

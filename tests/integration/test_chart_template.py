@@ -110,7 +110,48 @@ REFUSED = [
         "metrics.serviceMonitor.enabled needs metrics.service.enabled",
     ),
     (("serviceAccount.create=false",), "serviceAccount.name is required when serviceAccount.create is false"),
+    (("jobPods.allowedHostPaths={relative/dir}",), "at '/jobPods/allowedHostPaths/0'"),
+    (("jobPods.gpuCapabilities={ipc_lock}",), "at '/jobPods/gpuCapabilities/0'"),
 ]
+
+
+def test_job_pod_policy_values_become_operator_flags() -> None:
+    def args(*values: str) -> list[str]:
+        (deployment,) = _by_kind(render(*values), "Deployment")
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    default = args()
+    assert not any(
+        a.startswith(("--allow-host-path", "--gpu-capability", "--no-", "--kuberay-")) for a in default
+    )
+    custom = args(
+        "jobPods.allowedHostPaths={/mnt/nvme,/data}",
+        "jobPods.gpuCapabilities={IPC_LOCK}",
+        "jobPods.rayAuth=false",
+        "jobPods.networkPolicy=false",
+        "jobPods.kuberayNamespace=ray-system",
+    )
+    for flag in (
+        "--allow-host-path=/mnt/nvme",
+        "--allow-host-path=/data",
+        "--gpu-capability=IPC_LOCK",
+        "--no-ray-auth",
+        "--no-network-policy",
+        "--kuberay-namespace=ray-system",
+    ):
+        assert flag in custom
+    # The operator accepts exactly these flags.
+    from rljob_operator.__main__ import build_parser
+
+    parsed = build_parser().parse_args(
+        [a for a in custom if not a.startswith(("--metrics-port", "--liveness"))]
+    )
+    assert parsed.allow_host_path == ["/mnt/nvme", "/data"] and parsed.gpu_capability == ["IPC_LOCK"]
+    assert (
+        parsed.ray_auth is False
+        and parsed.network_policy is False
+        and parsed.kuberay_namespace == "ray-system"
+    )
 
 
 @pytest.mark.parametrize(("values", "message"), REFUSED, ids=[v[0][0] for v in REFUSED])

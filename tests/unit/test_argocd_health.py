@@ -13,6 +13,8 @@ import pytest
 import testdata_gen
 import yaml
 
+from rljob_api.status import PHASES
+
 lua51 = pytest.importorskip("lupa.lua51", reason="lupa is a dev dependency: pip install -e '.[dev]'")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,20 +73,19 @@ def test_every_testdata_object_has_a_case() -> None:
 
 def test_every_phase_the_operator_writes_is_covered() -> None:
     phases = {(load(t["inputPath"]).get("status") or {}).get("phase") for t in TESTS}
-    # Converting is in the API but no code path sets it yet (see test_unknown_phase_is_progressing).
-    assert phases == {None, "Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "Suspended"}
+    assert phases == {None, *PHASES}
 
 
 def test_unknown_phase_is_progressing() -> None:
-    """A phase the script has no branch for (Converting, or a future one) must not look healthy."""
+    """A phase the script has no branch for (one a later API version adds) must not look healthy."""
     obj = load("testdata/starting.yaml")
-    obj["status"]["phase"] = "Converting"
+    obj["status"]["phase"] = "Exporting"  # made up: no such phase today
     for condition in obj["status"]["conditions"]:
         condition["status"] = "False"
     health = argo_health(obj)
     assert health == {
         "status": "Progressing",
-        "message": "Converting: Ray cluster starting: 0/1 worker pods ready",
+        "message": "Exporting: Ray cluster starting: 0/1 worker pods ready",
     }
 
 
@@ -93,7 +94,7 @@ def test_failed_wins_over_a_stale_ready_message() -> None:
     obj["status"]["conditions"] = [
         c | {"message": "not this one"} if c["type"] != "Failed" else c for c in obj["status"]["conditions"]
     ]
-    assert argo_health(obj)["message"].startswith("Job entrypoint command failed")
+    assert argo_health(obj)["message"].startswith("torch.OutOfMemoryError: CUDA out of memory")
 
 
 def test_the_runner_reports_script_errors() -> None:

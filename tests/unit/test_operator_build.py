@@ -11,9 +11,9 @@ import pytest
 import yaml
 from operator_fixtures import job_from_example, job_from_spec
 
-from rljob_api.contract import ENTRYPOINT, JOB_ENV
+from rljob_api.contract import ENTRYPOINT, HF_TOKEN_PATH, JOB_ENV
 from rljob_api.resource import parse_document
-from rljob_operator.build import BuildSettings, build_rayjob
+from rljob_operator.build import BuildSettings, build_prerequisites, build_rayjob
 from rljob_operator.build_rbac import build_runtime_rbac
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -29,7 +29,9 @@ def _render(objs: list[dict]) -> str:
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_children_match_golden_files(example: str) -> None:
     job = job_from_example(example)
-    text = _render([*build_runtime_rbac(job), build_rayjob(job, BuildSettings(), suspend=False)])
+    text = _render(
+        [*build_prerequisites(job, BuildSettings()), build_rayjob(job, BuildSettings(), suspend=False)]
+    )
     golden = GOLDEN / example.replace(".yaml", ".children.yaml")
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(text)
@@ -137,10 +139,20 @@ def test_placement_env_and_secrets_reach_every_pod() -> None:
         assert spec["serviceAccountName"] == "job-a-runtime"
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
         assert env["X"]["value"] == "1"
-        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-            "name": "hf",
-            "key": "token",
+        # The hub token is a file, never an environment variable.
+        assert "HF_TOKEN" not in env and env["HF_TOKEN_PATH"]["value"] == HF_TOKEN_PATH
+        token = next(v for v in spec["volumes"] if v["name"] == "hf-token")
+        assert token["secret"] == {
+            "secretName": "hf",
+            "items": [{"key": "token", "path": "token"}],
+            "defaultMode": 0o400,
             "optional": False,
+        }
+        mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts[HF_TOKEN_PATH.rsplit("/", 1)[0]] == {
+            "name": "hf-token",
+            "mountPath": "/var/run/secrets/rljob/huggingface",
+            "readOnly": True,
         }
         assert pod["metadata"]["labels"]["rljob.dev/job"] == "job-a"
 

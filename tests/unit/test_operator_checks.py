@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from operator_fixtures import job_from_example, job_from_spec
 
-from rljob_operator.checks import NodeInfo, check_name, check_nodes, check_pods, check_references
+from rljob_operator.checks import NodeInfo, check_name, check_nodes, check_references
 
 H100 = [NodeInfo(f"h100-{i}", {"rljob.dev/gpu-pool": "h100"}, {"nvidia.com/gpu": "8"}) for i in range(4)]
 L4 = [NodeInfo(f"l4-{i}", {"rljob.dev/gpu-pool": "l4"}, {"nvidia.com/gpu": "4"}) for i in range(2)]
@@ -53,18 +53,3 @@ def test_missing_secret_and_claim_are_named() -> None:
 def test_secrets_are_not_checked_without_the_preflight_grant() -> None:
     job = job_from_example("grpo-job.yaml")
     assert check_references(job, secrets=None, claims={"rl-shared"}) is None
-
-
-def _pod(name: str, waiting: dict[str, str] | None, init: bool = False) -> dict[str, object]:
-    state = {"waiting": waiting} if waiting else {"running": {}}
-    key = "initContainerStatuses" if init else "containerStatuses"
-    return {"metadata": {"name": name}, "status": {key: [{"name": "ray-worker", "state": state}]}}
-
-
-def test_a_pod_that_cannot_create_its_container_names_what_is_missing() -> None:
-    job = job_from_example("grpo-job.yaml")
-    assert check_pods(job, [_pod("w-0", None), _pod("w-1", {"reason": "ContainerCreating"})]) is None
-    missing = {"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}
-    blocker = check_pods(job, [_pod("w-0", None), _pod("w-1", missing, init=True)])
-    assert blocker is not None and blocker.reason == "CreateContainerConfigError" and not blocker.terminal
-    assert "pod w-1 cannot start container 'ray-worker': secret \"hf-token\" not found" in blocker.message

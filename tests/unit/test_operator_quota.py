@@ -60,3 +60,14 @@ def test_tightest_quota_wins_and_impossible_jobs_say_so() -> None:
 def test_cpu_jobs_and_admitted_jobs_pass() -> None:
     assert decide("a", [job("a", 0, 0)], [Quota("gpus", 0, 0)], GPU).admitted
     assert decide("a", [job("a", 8, 0, admitted=True)], [Quota("gpus", 0, 0)], GPU).admitted
+
+
+def test_a_job_larger_than_the_hard_limit_is_refused_and_does_not_hold_up_the_queue() -> None:
+    jobs = [job("huge", 32, 0), job("small", 8, 1)]
+    quota = [Quota("team", 24, 0), Quota("project", 16, 0)]
+    huge = decide("huge", jobs, quota, GPU)
+    assert (huge.admitted, huge.reason, huge.impossible) == (False, "QuotaTooSmall", True)
+    assert "ResourceQuota 'project' allows at most 16" in huge.message
+    assert "does not hold up the jobs behind it" in huge.message
+    assert decide("small", jobs, quota, GPU).admitted  # not behind `huge` in the FIFO
+    assert not decide("small", jobs, quota, GPU).impossible

@@ -33,11 +33,15 @@ away in turn and shows which part of the operator breaks, so no rule here is dea
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# One NetworkPolicy per job (jobPods.networkPolicy): server-side applied.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
 # GPU quotas: watched to admit queued jobs when room frees up, listed for the quota decision.
 - apiGroups: [""]
   resources: [resourcequotas]
   verbs: [list, watch]
-# The checkpoint volume's claim must exist before a job starts.
+# The claims a job mounts (checkpoints, model cache, volumes) must exist before it starts.
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get]

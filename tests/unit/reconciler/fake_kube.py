@@ -46,7 +46,7 @@ from rljob_operator.build import BuildSettings
 from rljob_operator.checks import NodeInfo
 from rljob_operator.kube import PLURALS, Kube
 from rljob_operator.metrics import Metrics
-from rljob_operator.names import LABEL_JOB
+from rljob_operator.names import LABEL_JOB, LABEL_ROLE
 from rljob_operator.reconcile import Reconciler
 
 from spec_cases import BASE_SPEC, patched
@@ -149,6 +149,14 @@ class FakeKube:
 
     def heal(self) -> None:
         self._failures.clear()
+
+    # --- the clock: 1 s per object created, moved on by hand; the Reconciler's clock in Harness ---
+
+    def now(self) -> datetime:
+        return self._clock
+
+    def advance(self, seconds: float) -> None:
+        self._clock += timedelta(seconds=seconds)
 
     def _enter(self, method: str, *args: Any, **kwargs: Any) -> None:
         failure = next((f for f in self._failures if f.method == method and f.when(*args, **kwargs)), None)
@@ -339,13 +347,23 @@ class FakeKube:
         gpus: int = 0,
         phase: str = "Pending",
         waiting: Mapping[str, str] | None = None,
+        role: str = "gpu",
+        unschedulable: str = "",
+        **container_status: Any,
     ) -> None:
-        """A pod of `job` (labelled as KubeRay labels them from the RayJob's templates)."""
+        """A pod of `job` (labelled as KubeRay labels them from the RayJob's templates), as the
+        kubelet reports it (`waiting`, `container_status`) or the scheduler (`unschedulable`: its
+        message); a second call replaces the pod's status."""
         container = {"name": "ray-worker", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
         state = {"waiting": dict(waiting)} if waiting else {"running": {}}
-        status = {"phase": phase, "containerStatuses": [{"name": "ray-worker", "state": state}]}
+        statuses = [{"name": "ray-worker", "image": "rljob/runtime:test", "state": state, **container_status}]
+        status: dict[str, Any] = {"phase": phase, "containerStatuses": statuses}
+        if unschedulable:
+            scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+            stamp = self._clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+            status["conditions"] = [{**scheduled, "message": unschedulable, "lastTransitionTime": stamp}]
         body = {
-            "metadata": {"labels": {LABEL_JOB: job}},
+            "metadata": {"labels": {LABEL_JOB: job, LABEL_ROLE: role}},
             "spec": {"containers": [container]},
             "status": status,
         }
@@ -419,6 +437,7 @@ class Harness:
             settings=settings or BuildSettings(),
             metrics=Metrics(self.registry),
             emit=self._emit,
+            clock=self.kube.now,
         )
 
     def _emit(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:

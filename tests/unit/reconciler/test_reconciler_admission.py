@@ -9,13 +9,16 @@ from fake_kube import JOB, POD, RAYJOB, SA, Harness
 _NODES_1 = {"resources": {"trainer": {"nodes": 1}}}
 
 
+_SIXTEEN = {"resources": {"colocate": False, "rollout": {"gpus": 8}}}  # 8 trainer + 8 rollout GPUs
+
+
 def _queue(*jobs: tuple[str, int], hard: int = 12) -> Harness:
-    """Jobs of (name, nodes of 8 GPUs), created 1 s apart in this order, under a GPU quota."""
+    """Jobs of (name, 8 or 16 GPUs), created 1 s apart in this order, under a GPU quota."""
     h = Harness()
     h.kube.add_node("gpu-0", gpus=8)
     h.kube.set_quota(hard=hard)
-    for name, nodes in jobs:
-        h.kube.create_job(name, {"resources": {"trainer": {"nodes": nodes}}})
+    for name, gpus in jobs:
+        h.kube.create_job(name, _SIXTEEN if gpus == 16 else _NODES_1)
     return h
 
 
@@ -30,7 +33,7 @@ def _ready(h: Harness, name: str) -> tuple[str, str, str]:
 
 @pytest.mark.parametrize("ends", ["finishes", "is deleted"])
 def test_two_jobs_that_fit_only_alone_are_admitted_in_creation_order(ends: str) -> None:
-    h = _queue(("job-a", 1), ("job-b", 1))
+    h = _queue(("job-a", 8), ("job-b", 8))
     h.reconcile("job-b")  # reconciled first, created second: job-a keeps its place
     phase, reason, message = _ready(h, "job-b")
     assert (phase, reason) == ("Queued", "InsufficientQuota")
@@ -62,27 +65,29 @@ def test_two_jobs_that_fit_only_alone_are_admitted_in_creation_order(ends: str) 
     assert (h.kube.get(RAYJOB, "ml", "job-b") or {})["spec"]["suspend"] is False
 
 
-def test_a_job_larger_than_the_quota_is_queued_and_blocks_the_smaller_jobs_behind_it() -> None:
-    # quota.py admits strictly FIFO: a job that can never fit holds the queue until the quota grows.
-    h = _queue(("big", 2), ("small", 1))
+def test_a_job_larger_than_the_quota_is_stalled_and_does_not_block_the_jobs_behind_it() -> None:
+    h = _queue(("big", 16), ("small", 8))
     h.reconcile("big")
-    phase, reason, message = _ready(h, "big")
-    assert (phase, reason) == ("Queued", "QuotaTooSmall")
-    assert "needs 16 nvidia.com/gpu but ResourceQuota allows at most 12" in message
-    h.reconcile("small")
-    phase, reason, message = _ready(h, "small")
-    assert (phase, reason) == ("Queued", "InsufficientQuota")
-    assert "1 job(s) ahead of it in the queue" in message
-    assert not _has_children(h, "big") and not _has_children(h, "small")
-    h.kube.set_quota(hard=16)  # the administrator raises the quota
-    h.reconcile("small")
-    assert h.status("small")["phase"] == "Queued"  # still behind big
+    stalled = h.condition("big", "Stalled")
+    assert (h.status("big")["phase"], stalled["status"], stalled["reason"]) == (
+        "Pending",
+        "True",
+        "QuotaTooSmall",
+    )
+    assert "needs 16 nvidia.com/gpu but ResourceQuota 'gpus' allows at most 12" in stalled["message"]
+    assert h.condition("big", "Queued")["status"] == "False"
+    assert ("Warning", "QuotaTooSmall") in [e[:2] for e in h.events]
+    h.reconcile("small")  # created after big, admitted before it: big can never fit
+    assert h.status("small")["phase"] == "Starting"
+    assert not _has_children(h, "big") and _has_children(h, "small")
+    h.kube.set_quota(hard=24)  # the administrator raises the quota (small reserves 8 of it)
     h.reconcile("big")
     assert h.status("big")["phase"] == "Starting"
+    assert h.condition("big", "Stalled")["status"] == "False"
 
 
 def test_without_a_gpu_quota_every_job_is_admitted() -> None:
-    h = _queue(("job-a", 2), ("job-b", 2))
+    h = _queue(("job-a", 16), ("job-b", 16))
     h.kube.delete("v1/ResourceQuota", "ml", "gpus")
     for name in ("job-b", "job-a"):
         h.reconcile(name)
@@ -108,7 +113,7 @@ def test_a_job_blocked_by_a_missing_volume_holds_its_place_in_the_quota_queue() 
 
 
 def test_a_resumed_job_that_does_not_fit_is_queued() -> None:
-    h = _queue(("job-a", 1), hard=8)
+    h = _queue(("job-a", 8), hard=8)
     h.reconcile("job-a")
     h.kube.create_job("job-a", {"suspend": True})  # kubectl apply again
     h.reconcile("job-a")
@@ -122,4 +127,7 @@ def test_a_resumed_job_that_does_not_fit_is_queued() -> None:
     assert (h.status("job-a")["phase"], h.condition("job-a", "Ready")["reason"]) == (
         "Queued",
         "InsufficientQuota",
+    )
+    assert h.condition("job-a", "Queued")["message"].startswith(
+        "resuming once admitted: needs 8 nvidia.com/gpu"
     )

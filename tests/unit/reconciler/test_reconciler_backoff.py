@@ -13,6 +13,14 @@ from rljob_operator.reconcile import BACKOFF_SECONDS
 KEY = ("ml", "job-a")
 
 
+def _shown(status: dict[str, Any]) -> tuple[str, str]:
+    """(phase, the Reconciling condition's reason, or its message while retrying)."""
+    reconciling = next(c for c in status["conditions"] if c["type"] == "Reconciling")
+    return status["phase"], reconciling["message"] if reconciling["reason"] == "Retrying" else reconciling[
+        "reason"
+    ]
+
+
 def _rayjob(obj: dict[str, Any], *_: Any, **__: Any) -> bool:
     return obj["kind"] == "RayJob"
 
@@ -35,7 +43,22 @@ def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered(
     assert len(h.timers) == 3  # no further retry
     assert h.kube.get(RAYJOB, "ml", "job-a") is not None
     assert h.status("job-a")["phase"] == "Starting"
-    assert [s.args[2]["phase"] for s in h.kube.calls_to("apply_job_status")] == ["Pending", "Starting"]
+    # Pending; then the retries shown from the 2nd failure on, counted; then the recovery.
+    shown = [_shown(s.args[2]) for s in h.kube.calls_to("apply_job_status")]
+    assert shown == [
+        ("Pending", "Creating"),
+        (
+            "Pending",
+            "retrying (attempt 2) in 2 s: applying RayJob job-a: ReadTimeoutError: None: Read timed out. (read timeout=60)",
+        ),
+        ("Pending", shown[2][1]),
+        ("Starting", "Starting"),
+    ]
+    assert shown[2][1].startswith(
+        "retrying (attempt 3) in 5 s: applying RayJob job-a: API error 409 Conflict: Operation cannot"
+    )
+    assert [e[:2] for e in h.events].count(("Warning", "Retrying")) == 1  # one event, not one per attempt
+    assert h.condition("job-a", "Reconciling")["reason"] == "Starting"
     h.kube.fail("apply", server_error(), when=_rayjob)
     h.reconcile("job-a")
     assert h.timers[-1].delay == BACKOFF_SECONDS[0]  # a new failure starts over
@@ -50,7 +73,7 @@ def test_the_backoff_grows_to_its_last_delay_and_stays_there() -> None:
     assert [t.delay for t in h.timers] == [*BACKOFF_SECONDS, BACKOFF_SECONDS[-1], BACKOFF_SECONDS[-1]]
     assert sum(not t.cancelled for t in h.timers) == 1  # one pending retry per job, never a pile
     assert h.kube.calls_to("apply", "apply_job_status") == []
-    assert h.events == []  # a 500 is not a denial: nothing to tell the user on the job
+    assert h.events == []  # the job cannot even be read: nothing can be written on it
 
 
 def test_a_deleted_job_leaves_no_per_job_state_in_the_reconciler() -> None:

@@ -34,7 +34,8 @@ def test_a_403_on_the_rayjob_names_the_missing_permission_until_it_is_granted() 
     h.kube.heal()  # `helm upgrade` restores the rule
     h.fire_retry()
     assert h.status("job-a")["phase"] == "Starting"
-    assert _stalled(h)[:2] == ("False", "Starting")
+    assert _stalled(h)[:2] == ("False", "NotStalled")
+    assert h.condition("job-a", "Ready")["reason"] == "Starting"
 
 
 def test_a_403_on_a_running_job_keeps_it_running() -> None:
@@ -48,4 +49,4 @@ def test_a_403_on_a_running_job_keeps_it_running() -> None:
     assert _stalled(h)[:2] == ("True", "PermissionDenied")
     assert h.condition("job-a", "Ready")["status"] == "True"
     h.fire_retry()
-    assert _stalled(h)[:2] == ("False", "Running")
+    assert _stalled(h)[:2] == ("False", "NotStalled")

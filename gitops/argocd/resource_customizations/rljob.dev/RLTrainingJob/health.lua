@@ -78,7 +78,7 @@ elseif isTrue("Reconciling") then
   hs.status = "Progressing"
   hs.message = withPhase(messageOf("Reconciling"))
 else
-  -- Any other phase (e.g. Converting) is on its way somewhere.
+  -- Any other phase (one a later version adds) is on its way somewhere.
   hs.status = "Progressing"
   hs.message = withPhase(messageOf("Ready"))
 end

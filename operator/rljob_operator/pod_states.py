@@ -1,0 +1,188 @@
+"""Why a starting job is stuck, read from its pods and its RayJob (pure).
+
+The kubelet, the scheduler and KubeRay each say why a pod does not run, in a different place:
+a container's waiting reason (ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff), the
+pod's PodScheduled=False/Unschedulable condition, and, when the API server refuses to create a pod
+(a ResourceQuota), KubeRay's RayCluster condition ReplicaFailure (KubeRay v1.6 copies the
+RayCluster's status, conditions included, into the RayJob's `status.rayClusterStatus`; it also
+posts a FailedToCreateWorkerPod event on the RayCluster, which the operator need not read). This
+module turns them into one reason and a message that tells a person what to do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .names import LABEL_ROLE
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Why the job's Ray cluster does not start. `since`: when it got stuck (the startup deadline
+    counts from there). `stalls_at_once`: only a person's change can clear it (a missing Secret, an
+    invalid image name), so waiting for the deadline would tell nobody anything new."""
+
+    reason: str
+    message: str
+    since: datetime | None = None
+    stalls_at_once: bool = False
+
+    def overdue(self, now: datetime, timeout_seconds: int) -> bool:
+        """Whether it has been stuck for the whole startup timeout."""
+        return self.since is not None and now - self.since >= timedelta(seconds=timeout_seconds)
+
+
+# Every reason classify() can return, most actionable first: when several pods are stuck the
+# first of these is reported (with a count of the other pods).
+REASONS = (
+    "CreateContainerConfigError",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "PodCreationRefused",
+    "QuotaExceeded",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+    "Unschedulable",
+)
+_AT_ONCE = {"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull", "PodCreationRefused"}
+_IMAGE = {"InvalidImageName", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull"}
+_QUOTA = re.compile(r"exceeded quota: (?P<quota>[^,\s]+)")
+
+
+def classify(
+    pods: Iterable[Mapping[str, Any]], rayjob: Mapping[str, Any] | None, namespace: str
+) -> Stuck | None:
+    """The job's most actionable problem, or None when nothing is stuck (yet)."""
+    found: list[tuple[str, Stuck]] = []  # (pod name, problem)
+    refused = _creation_refused(rayjob)
+    if refused is not None:
+        found.append(("", refused))
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # on its way out: its replacement is what matters
+        found += [(pod["metadata"]["name"], stuck) for stuck in _pod_problems(pod, namespace)]
+    if not found:
+        return None
+    found.sort(key=lambda f: (REASONS.index(f[1].reason), f[0]))
+    name, first = found[0]
+    others = len({n for n, s in found if s.reason == first.reason and n and n != name})
+    if others:
+        plural = "s" if others > 1 else ""
+        first = Stuck(
+            first.reason,
+            f"{first.message} ({others} other pod{plural} of the job: the same)",
+            first.since,
+            first.stalls_at_once,
+        )
+    return first
+
+
+def _creation_refused(rayjob: Mapping[str, Any] | None) -> Stuck | None:
+    """KubeRay could not create a pod: the API server refused it (a ResourceQuota, PodSecurity, a
+    LimitRange, a webhook). KubeRay's message is '<reason>\\n<the API server's message>'."""
+    cluster = ((rayjob or {}).get("status") or {}).get("rayClusterStatus") or {}
+    for condition in cluster.get("conditions") or []:
+        if condition.get("type") != "ReplicaFailure" or condition.get("status") != "True":
+            continue
+        reason = condition.get("reason") or "ReplicaFailure"
+        lines = [line for line in (condition.get("message") or "").splitlines() if line.strip() != reason]
+        detail = " ".join(lines).strip() or reason
+        which = "head pod" if "Head" in reason else "worker pods"
+        since = _time(condition.get("lastTransitionTime"))
+        quota = _QUOTA.search(detail)
+        if quota is not None:
+            return Stuck(
+                "QuotaExceeded",
+                f"KubeRay cannot create the job's {which}: {detail}. ResourceQuota {quota['quota']!r} "
+                "refuses them: ask an administrator to raise it, or lower the job's resources; the pods are "
+                "created when the quota has room.",
+                since,
+            )
+        return Stuck(
+            "PodCreationRefused",
+            f"KubeRay cannot create the job's {which}: {detail}. Change what the API server names "
+            "(the job's resources, or the namespace's policy).",
+            since,
+            stalls_at_once=True,
+        )
+    return None
+
+
+def _pod_problems(pod: Mapping[str, Any], namespace: str) -> list[Stuck]:
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    created = _time(pod["metadata"].get("creationTimestamp"))
+    head = (pod["metadata"].get("labels") or {}).get(LABEL_ROLE) == "head"
+    what = f"the Ray head (pod {name})" if head else f"pod {name}"
+    problems = []
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            said = (condition.get("message") or "no node fits").rstrip(".")
+            problems.append(
+                Stuck(
+                    "Unschedulable",
+                    f"{what} cannot be scheduled: {said}. It requests {_requests(pod)}: free or add nodes "
+                    "that offer that, or lower the job's resources.",
+                    _time(condition.get("lastTransitionTime")) or created,
+                )
+            )
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason") or ""
+        if reason not in REASONS:
+            continue  # ContainerCreating, PodInitializing: still on its way
+        detail = (waiting.get("message") or reason).rstrip(".")
+        message = _container_message(what, name, container, detail, namespace)
+        problems.append(Stuck(reason, message, created, reason in _AT_ONCE))
+    return problems
+
+
+def _container_message(what: str, pod: str, container: Mapping[str, Any], detail: str, namespace: str) -> str:
+    name = container.get("name")
+    reason = container["state"]["waiting"]["reason"]
+    if reason in _IMAGE:
+        return (
+            f"{what} cannot pull image {container.get('image')!r} for container {name!r}: {detail}. Check "
+            "spec.resources.image (registry, name, tag) and, for a private registry, "
+            "spec.resources.imagePullSecrets."
+        )
+    if reason == "CreateContainerConfigError":
+        return (
+            f"{what} cannot start container {name!r}: {detail}. Create what it names in namespace "
+            f"{namespace}; the pod starts when it exists."
+        )
+    if reason == "CrashLoopBackOff":
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        ended = last.get("reason") or "an error"
+        code = f", exit code {last['exitCode']}" if "exitCode" in last else ""
+        said = f": {last['message'].strip()}" if (last.get("message") or "").strip() else ""
+        hint = " (out of memory: give it more memory)" if ended == "OOMKilled" else ""
+        return (
+            f"{what} keeps crashing: container {name!r} restarted {container.get('restartCount', 0)} "
+            f"times, last ended with {ended}{code}{said}{hint}. Its log says why: kubectl logs "
+            f"--previous -n {namespace} {pod} -c {name}"
+        )
+    return f"{what} cannot run container {name!r}: {reason}: {detail}."
+
+
+def _requests(pod: Mapping[str, Any]) -> str:
+    totals: dict[str, str] = {}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for resource, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            totals.setdefault(resource, str(value))  # Ray pods have one container that requests
+    return ", ".join(f"{k}={v}" for k, v in sorted(totals.items())) or "no resources"
+
+
+def _time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
