@@ -15,6 +15,7 @@ from .base import (
     ENV_NAME_PATTERN,
     IMAGE_PATTERN,
     LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_PATTERN,
     QUANTITY_PATTERN,
 )
 
@@ -27,6 +28,9 @@ _PATTERN_MEANING = {
     DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting and ending "
     "with a letter or digit",
     DNS_SUBDOMAIN_PATTERN: "must be a DNS subdomain: lowercase letters, digits, '-' and '.'",
+    QUALIFIED_NAME_PATTERN: "must be a qualified name: an optional DNS subdomain prefix and '/', then at "
+    "most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit (e.g. "
+    "'example.com/my-key' or 'zone')",
     ENV_NAME_PATTERN: "must be an environment variable name: letters, digits, '_', '-' and '.', "
     "not starting with a digit",
 }

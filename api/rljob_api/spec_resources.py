@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -19,6 +19,7 @@ from .base import (
 )
 from .images import RUNTIME_IMAGE
 from .rules import Rule, immutable
+from .spec_affinity import Affinity
 from .spec_pods import (
     Annotations,
     Labels,
@@ -363,10 +364,9 @@ class ResourcesSpec(ApiModel):
     )
     node_selector: NodeSelector = Field(default_factory=dict, description="Node labels every pod requires.")
     tolerations: Tolerations = Field(default_factory=list, description="Tolerations of every pod.")
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
-        description="Pod affinity/anti-affinity of every pod (core/v1 Affinity), e.g. to keep a job in one zone.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="Node and pod (anti-)affinity of every pod (core/v1 Affinity), e.g. to keep a job in one zone.",
     )
     priority_class_name: Name | None = Field(
         default=None, description="PriorityClass of the pods (preemption and queue order)."

@@ -84,8 +84,9 @@ def pod_template(job: Job, group: PodGroup, *, capabilities: tuple[str, ...] = (
         pod_spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in group.tolerations]
-    if res.affinity:
-        pod_spec["affinity"] = res.affinity
+    affinity = res.affinity.model_dump(by_alias=True, exclude_none=True) if res.affinity else {}
+    if affinity:
+        pod_spec["affinity"] = affinity
     if res.priority_class_name:
         pod_spec["priorityClassName"] = res.priority_class_name
     if res.image_pull_secrets:

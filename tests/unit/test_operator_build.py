@@ -116,13 +116,54 @@ def test_lifecycle_fields_come_from_the_spec() -> None:
     assert rayjob["metadata"]["ownerReferences"][0]["controller"] is True
 
 
+# Every kind of affinity term, as a user writes it.
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
+                    ]
+                },
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]},
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 10,
+                "preference": {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]},
+            }
+        ],
+    },
+    "podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "data"}}, "topologyKey": "topology.kubernetes.io/zone"}
+        ]
+    },
+    "podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": {"matchExpressions": [{"key": "rljob.dev/role", "operator": "Exists"}]},
+                    "namespaceSelector": {},
+                    "topologyKey": "kubernetes.io/hostname",
+                    "mismatchLabelKeys": ["rljob.dev/job"],
+                },
+            }
+        ]
+    },
+}
+
+
 def test_placement_env_and_secrets_reach_every_pod() -> None:
     job = job_from_spec(
         {
             "resources": {
                 "nodeSelector": {"zone": "a"},
                 "tolerations": [{"key": "gpu", "operator": "Exists"}],
-                "affinity": {"podAntiAffinity": {}},
+                "affinity": AFFINITY,
                 "priorityClassName": "high",
                 "env": [{"name": "X", "value": "1"}],
                 "secrets": {"huggingFaceToken": {"name": "hf", "key": "token"}},
@@ -135,7 +176,7 @@ def test_placement_env_and_secrets_reach_every_pod() -> None:
         spec = pod["spec"]
         assert spec["nodeSelector"]["zone"] == "a" and spec["priorityClassName"] == "high"
         assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-        assert spec["affinity"] == {"podAntiAffinity": {}}
+        assert spec["affinity"] == AFFINITY  # as written: camelCase, no defaults or nulls added
         assert spec["serviceAccountName"] == "job-a-runtime"
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
         assert env["X"]["value"] == "1"
