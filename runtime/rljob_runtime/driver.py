@@ -81,6 +81,10 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     """Fail fast: unsupported options, the model, the tokenizer, the data and the reward."""
     check_spec(spec)
     model_path = str(resolve_model(spec.model.path))
+    if spec.algorithm.advantage_estimator == "ppo" and spec.algorithm.critic.path:
+        resolve_model(
+            spec.algorithm.critic.path, field="algorithm.critic.path"
+        )  # downloaded here, or refused
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
         check_megatron_installed()

@@ -289,3 +289,27 @@ def test_a_model_larger_than_the_free_cache_space_is_refused(
     ):
         resolve_model("org/tiny", report=lambda line: None)
     assert not any(WEIGHTS in p for _, p in since(env, mark))
+
+
+def test_a_hub_critic_is_downloaded_by_prepare_and_the_ranks_find_it_in_the_cache(
+    env: HubStandIn, tmp_path: Path
+) -> None:
+    from rljob_runtime.trainer.critic import critic_path
+
+    spec = parse_spec(
+        spec_doc(str(make_tiny_model(tmp_path / "policy", arch="llama", seed=1)))
+        | {"algorithm": {"advantageEstimator": "ppo", "critic": {"path": "org/tiny"}}}
+    )
+    mark = len(env.requests)
+    prepare(spec)
+    assert any(p.endswith("/model.safetensors") for m, p in since(env, mark) if m == "GET")
+    mark = len(env.requests)
+    path = Path(critic_path(spec, "unused"))
+    assert path.parent.parent == tmp_path / "hf" / "hub" / "models--org--tiny"
+    assert not any(WEIGHTS in p for _, p in since(env, mark))  # the rank downloads nothing again
+
+    gated = parse_spec(
+        spec_doc("org/tiny") | {"algorithm": {"advantageEstimator": "ppo", "critic": {"path": "org/gated"}}}
+    )
+    with pytest.raises(HubError, match=r"^algorithm\.critic\.path org/gated@main is gated"):
+        prepare(gated)

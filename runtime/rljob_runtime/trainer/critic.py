@@ -17,11 +17,17 @@ from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.spec_training import OptimizerSpec
 
 CRITIC_DIR = "critic"
+CRITIC_FIELD = "algorithm.critic.path"
 HEAD_PREFIX = "score."  # GenericForTokenClassification's head
 
 
 def critic_path(spec: RLTrainingJobSpec, model_path: str) -> str:
-    return spec.algorithm.critic.path or model_path
+    """The critic's initial weights as this process sees them: ``algorithm.critic.path`` (a directory
+    or a hub id, which prepare has already downloaded into the cache) or the policy's."""
+    from ..models import resolve_model
+
+    reference = spec.algorithm.critic.path
+    return str(resolve_model(reference, field=CRITIC_FIELD)) if reference else model_path
 
 
 def load_value_model(path: str, *, trust_remote_code: bool = False) -> torch.nn.Module:
