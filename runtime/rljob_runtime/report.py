@@ -219,5 +219,6 @@ def _status_api() -> Any:
     try:
         config.load_incluster_config()  # the ServiceAccount the operator created for this job
     except config.ConfigException:
-        config.load_kube_config()
+        # $KUBECONFIG as it is now: the client reads it once, when it is first imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return client.CustomObjectsApi()
