@@ -511,29 +511,45 @@ class TorchTrainerRank(Offloadable, WeightSource):
 
     def save(self, path: str) -> None:
         """``path/model``: HF safetensors + config + tokenizer files (rank 0); ``path/trainer_rank{r}.pt``:
-        optimizer, schedule position and RNG state of every rank."""
-        self._require_resident("save")
+        optimizer, schedule position and RNG state of every rank.
+
+        A collective: every rank calls it. When any rank's write fails (disk full, I/O error), every
+        rank raises ``CheckpointWriteError`` (checkpoint/agree.py) instead of the others waiting in a
+        barrier for the one that raised."""
+        from ..checkpoint.agree import failures_by_all_reduce, write_agreed
+
+        self._require_resident("save")  # same on every rank (a driver bug), before any collective
         root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            model_dir = root / MODEL_DIR
-            self.model.save_pretrained(model_dir, safe_serialization=True)
-            _copy_side_files(Path(self.model_path), model_dir)
-            if self.critic is not None:
-                self.critic.save_pretrained(root / CRITIC_DIR, safe_serialization=True)
-        state = {
-            "step": self.step,
-            "world_size": self.world_size,
-            "optimizer": self.optimizer.state_dict(),
-            "rng": rng_state(),
-        }
-        if self.critic_optimizer is not None:
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
         tmp = root / (STATE_FILE.format(rank=self.rank) + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, root / STATE_FILE.format(rank=self.rank))
-        if self._distributed():
-            dist.barrier()
+
+        def write() -> None:
+            root.mkdir(parents=True, exist_ok=True)
+            if self.rank == 0:
+                model_dir = root / MODEL_DIR
+                self.model.save_pretrained(model_dir, safe_serialization=True)
+                _copy_side_files(Path(self.model_path), model_dir)
+                if self.critic is not None:
+                    self.critic.save_pretrained(root / CRITIC_DIR, safe_serialization=True)
+            state = {
+                "step": self.step,
+                "world_size": self.world_size,
+                "optimizer": self.optimizer.state_dict(),
+                "rng": rng_state(),
+            }
+            if self.critic_optimizer is not None:
+                state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            try:
+                torch.save(state, tmp)
+                os.replace(tmp, root / STATE_FILE.format(rank=self.rank))
+            except BaseException:
+                with contextlib.suppress(OSError):  # don't leave a partial file (a full disk)
+                    tmp.unlink(missing_ok=True)
+                raise
+
+        # The agreement's all-reduce is also the barrier that followed the writes.
+        write_agreed(
+            write, failures_by_all_reduce(self._all_reduce, self.rank, self.world_size), rank=self.rank
+        )
 
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint (same data-parallel size)."""
