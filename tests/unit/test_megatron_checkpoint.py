@@ -1,77 +1,21 @@
-"""The megatron backend's checkpoint pieces on CPU (trainer/megatron/checkpoint.py): optimizer shards
-round-trip exactly through a file, a checkpoint of another layout is refused with both layouts, and
-the HF export is a directory transformers-style loaders read (weights + the source's side files)."""
+"""The megatron backend's checkpoint pieces that need no megatron-core (trainer/megatron/checkpoint.py):
+the HF export is a directory transformers-style loaders read, a torch_dist checkpoint is found in a
+run's iteration directory or given directly and anything else is refused saying what is there, and
+RNG states survive megatron-core's ``torch.load(weights_only=True)`` and map to another layout by
+``pick_rng``'s rule. (Saving and resuming at other layouts: test_megatron_reshard.py.)"""
 
 from __future__ import annotations
 
+import io
 import json
+import random
 from pathlib import Path
-from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from rljob_runtime.trainer.megatron import checkpoint as ckpt
-
-
-def _optimizer(seed: int) -> SimpleNamespace:
-    """A stand-in for a Megatron optimizer: ``.optimizer`` is the torch optimizer of the main params."""
-    gen = torch.Generator().manual_seed(seed)
-    params = [
-        torch.nn.Parameter(torch.randn(4, 3, generator=gen)),
-        torch.nn.Parameter(torch.randn(5, generator=gen)),
-    ]
-    return SimpleNamespace(optimizer=torch.optim.AdamW(params, lr=1e-2))
-
-
-def _steps(opt: SimpleNamespace, n: int) -> None:
-    for _ in range(n):
-        for p in opt.optimizer.param_groups[0]["params"]:
-            p.grad = torch.sin(p.detach() * 3.0)
-        opt.optimizer.step()
-
-
-def test_optimizer_shards_round_trip_exactly(tmp_path: Path) -> None:
-    a = _optimizer(0)
-    _steps(a, 3)
-    layout = {"world_size": 1, "tp": 1, "pp": 1, "dp": 1}
-    ckpt.write_rank_state(tmp_path, 0, {"layout": layout, "optimizer": ckpt.optimizer_state(a)})
-    b = _optimizer(1)  # other weights, no moments yet
-    ckpt.load_optimizer_state(b, ckpt.read_rank_state(tmp_path, 0, layout)["optimizer"])
-    for pa, pb in zip(
-        a.optimizer.param_groups[0]["params"], b.optimizer.param_groups[0]["params"], strict=True
-    ):
-        assert torch.equal(pa, pb)
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[pa][key], b.optimizer.state[pb][key]), key
-    _steps(a, 1)
-    _steps(b, 1)  # and they go on identically
-    assert all(
-        torch.equal(pa, pb)
-        for pa, pb in zip(
-            a.optimizer.param_groups[0]["params"], b.optimizer.param_groups[0]["params"], strict=True
-        )
-    )
-
-
-def test_chained_optimizers_are_all_saved() -> None:
-    chained = SimpleNamespace(chained_optimizers=[_optimizer(0), _optimizer(1)])
-    assert len(ckpt.inner_optimizers(chained)) == 2
-    with pytest.raises(ValueError, match="checkpoint has 2 optimizer"):
-        ckpt.load_optimizer_state(_optimizer(0), ckpt.optimizer_state(chained))
-
-
-def test_shards_of_another_shape_are_refused() -> None:
-    saved = ckpt.optimizer_state(_optimizer(0))
-    other = SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.zeros(7))]))
-    with pytest.raises(ValueError, match="do not match"):
-        ckpt.load_optimizer_state(other, saved)
-
-
-def test_a_checkpoint_of_another_layout_is_refused(tmp_path: Path) -> None:
-    ckpt.write_rank_state(tmp_path, 0, {"layout": {"world_size": 2, "tp": 2, "pp": 1, "dp": 1}})
-    with pytest.raises(ValueError, match=r"saved with layout .*'tp': 2.*this run is .*'tp': 1"):
-        ckpt.read_rank_state(tmp_path, 0, {"world_size": 2, "tp": 1, "pp": 1, "dp": 2})
 
 
 def test_hf_export_writes_weights_and_side_files(tmp_path: Path) -> None:
@@ -90,3 +34,102 @@ def test_hf_export_writes_weights_and_side_files(tmp_path: Path) -> None:
     ]
     back = ckpt.read_hf_state(tmp_path / "out")
     assert torch.equal(back["model.embed_tokens.weight"], named["model.embed_tokens.weight"])
+
+
+def test_an_unreadable_weights_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken")
+    with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors"):
+        ckpt.read_hf_state(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no safetensors weights"):
+        ckpt.read_hf_state(tmp_path / "missing")
+
+
+def _marker(directory: Path, backend: str = "torch_dist") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metadata.json").write_text(
+        json.dumps({"sharded_backend": backend, "sharded_backend_version": 1})
+    )
+    return directory
+
+
+def test_a_dist_checkpoint_is_found_directly_or_in_a_run_iteration(tmp_path: Path) -> None:
+    converted = _marker(tmp_path / "converted")
+    assert ckpt.find_dist_checkpoint(converted) == converted
+    iteration = tmp_path / "iter_0000003"
+    _marker(iteration / "dist")
+    assert ckpt.find_dist_checkpoint(iteration) == iteration / "dist"
+    assert ckpt.is_dist_checkpoint(iteration / "dist") and not ckpt.is_dist_checkpoint(iteration)
+
+
+@pytest.mark.parametrize(
+    ("layout", "match"),
+    [
+        ("missing", "the directory does not exist"),
+        ("empty", r"no metadata\.json there or in .*dist"),
+        ("zarr", "does not name the torch_dist backend"),
+        ("per-rank", r"per-rank trainer_rank<r>\.pt files of an earlier rljob version"),
+    ],
+)
+def test_what_is_not_a_dist_checkpoint_is_refused_saying_what_is_there(
+    tmp_path: Path, layout: str, match: str
+) -> None:
+    path = tmp_path / "ckpt"
+    if layout != "missing":
+        path.mkdir()
+    if layout == "zarr":
+        _marker(path, backend="zarr")
+    if layout == "per-rank":
+        (path / "trainer_rank0.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=match):
+        ckpt.find_dist_checkpoint(path)
+
+
+def test_rng_states_load_with_weights_only_and_restore_every_generator() -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    tracker = {"model-parallel-rng": torch.ByteTensor([1, 2, 3])}
+    state = ckpt.portable_rng_state(tracker)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)  # how megatron-core reads common.pt
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    assert torch.equal(ckpt.restore_rng_state(loaded)["model-parallel-rng"], tracker["model-parallel-rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+
+
+def _saved(tp: int, pp: int, dp: int) -> list[dict]:
+    """One RNG entry per rank of a layout in Megatron's order (TP fastest, then DP, then PP)."""
+    out = []
+    for rank in range(tp * pp * dp):
+        coords = {"tp_rank": rank % tp, "dp_rank": rank // tp % dp, "pp_rank": rank // (tp * dp)}
+        out.append({"rank": rank, **coords, "state": {"id": rank, "tracker": {"t": torch.tensor([rank])}}})
+    return out
+
+
+def test_the_same_layout_restores_each_rank_its_own_rng() -> None:
+    layout = {"tp": 2, "pp": 2, "dp": 1, "world_size": 4}
+    saved = _saved(2, 2, 1)
+    for entry in saved:
+        coords = {k: entry[k] for k in ("tp_rank", "pp_rank", "dp_rank")}
+        state, tracker, how = ckpt.pick_rng(saved, layout, layout, coords)
+        assert state["id"] == entry["rank"] and tracker and how.startswith("exact")
+
+
+def test_another_layout_restores_what_maps() -> None:
+    saved = _saved(2, 1, 1)
+    tp2 = {"tp": 2, "pp": 1, "dp": 1}
+    # TP unchanged (TP 2 x DP 2 from TP 2): generators of rank 0, the tracker of the same TP rank.
+    state, tracker, _ = ckpt.pick_rng(
+        saved, tp2, {"tp": 2, "pp": 1, "dp": 2}, {"tp_rank": 1, "pp_rank": 0, "dp_rank": 1}
+    )
+    assert state["id"] == 0 and tracker and int(state["tracker"]["t"]) == 1
+    # TP changed: rank 0's generators, the tracker stays as the build seeded it.
+    state, tracker, how = ckpt.pick_rng(
+        saved, tp2, {"tp": 1, "pp": 1, "dp": 2}, {"tp_rank": 0, "pp_rank": 0, "dp_rank": 1}
+    )
+    assert state["id"] == 0 and not tracker and "TP size changed" in how

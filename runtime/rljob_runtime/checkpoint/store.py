@@ -3,7 +3,8 @@
 Layout under <checkpoint.path>:
 
 - ``iter_<step:07d>/``: one complete checkpoint: the trainer's files (``model/`` as a Hugging Face
-  directory, one ``trainer_rank<r>.pt`` per rank), ``driver.json`` (step, data-source position,
+  directory; the torch backend: one ``trainer_rank<r>.pt`` per rank; the megatron backend: ``dist/``,
+  a Megatron torch_dist checkpoint any layout resumes from), ``driver.json`` (step, data-source position,
   driver RNG, partial-rollout buffer) and the empty marker file ``complete``. Only directories with
   the marker count (``completed_steps``, ``latest``).
 - ``.staging-iter_<step:07d>/``: a save in progress (``save``).

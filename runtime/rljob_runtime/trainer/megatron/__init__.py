@@ -14,7 +14,9 @@ Modules that need megatron-core at run time (``pip install 'rljob[megatron]'``, 
 (TransformerConfig, GPTModel, loading HF weights, exporting HF weights), ``attention`` (SDPA core
 attention), ``fusions`` (plain-torch stand-ins for TE/apex fusions: wgrad accumulation, compiled
 RMSNorm and RoPE, fused Adam), ``schedule`` (forward /
-backward over micro-batches), ``checkpoint`` (HF export + per-rank optimizer shards) and ``backend``
+backward over micro-batches), ``checkpoint`` (HF export, finding a distributed checkpoint, RNG across
+layouts), ``dist_checkpoint`` (model and optimizer as a torch_dist checkpoint that any TP/PP/DP layout
+loads) and ``backend``
 (``MegatronTrainerRank``, run by ``trainer.group.TrainerGroup`` as Ray actors, one per GPU).
 """
 

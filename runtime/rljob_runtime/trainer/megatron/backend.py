@@ -9,7 +9,9 @@ ranks; the loss handed to it is scaled up by both so that the sum survives.
 
 Rows: every rank of one model replica (its TP x PP group) must get the same rows; data-parallel
 ranks get their ``rank_rows`` share, as with the torch backend (dp = GPUs / (tp * pp * cp)).
-Checkpoints: ``checkpoint.py`` (HF export + per-rank optimizer shards, same layout to resume).
+Checkpoints: ``checkpoint.py`` (layout, HF export) and ``dist_checkpoint.py`` (Megatron torch_dist:
+model, optimizer, step, RNG), resumed at any TP/PP/DP layout. ``model.megatronCheckpoint``: the initial
+weights (policy and reference) come from that torch_dist checkpoint instead of model.path's HF weights.
 Adam: torch's AdamW (megatron-core's choice without TE/apex), switched to its fused kernel on GPU
 (``fusions.use_fused_adam``). Model fusions (``fusions.FUSIONS``: compiled SwiGLU, RMSNorm and RoPE,
 gradient-accumulation fusion) are opt-in through the ``fusions`` argument; none by default.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -47,12 +49,10 @@ from ..base import (
 from ..offload import Group, Offloadable, grads, module_tensors, optimizer_tensors
 from ..torch_backend import (
     needs_reference,
-    rng_state,
-    set_rng_state,
     set_seed,
 )
 from ..weight_source import WeightSource
-from .checkpoint import read_hf_state
+from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
 from .schedule import (
     accumulate,
@@ -82,6 +82,8 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         # process group or GPU memory.
         model_path = model_on_this_node(spec.model.path, model_path)
         self.shape, self.par = check_megatron(spec, model_path, gpus=world_size)
+        if spec.model.megatron_checkpoint is not None:  # its tensors are checked when loaded (_build)
+            find_dist_checkpoint(spec.model.megatron_checkpoint)
         self.spec, self.model_path = spec, model_path
         self.rank, self.world_size, self.dist_timeout_s = rank, world_size, dist_timeout_s
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
@@ -148,17 +150,18 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from .fusions import use_fused_adam
-        from .model import build_gpt_model, init_model_parallel, load_hf_weights
+        from .model import build_gpt_model, init_model_parallel
 
         spec = self.spec
         set_seed(spec.training.seed)
         init_model_parallel(self.par, spec.training.seed)
-        hf = read_hf_state(self.model_path)
         recompute = "full" if spec.training.recompute_activations else None
         model = build_gpt_model(
             self.shape, self.par, dtype=self.dtype, recompute=recompute, fusions=self.fusions
         )
-        load_hf_weights(model, hf, self.shape, self.par)  # before the optimizer copies its main params
+        # Before the optimizer copies its main params (and DDP its param buffer) from the model.
+        initial = self._initial_weights()
+        initial(model)
         ddp = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -195,9 +198,22 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         if needs_reference(spec):
             # Same fusions but wgrad, which only matters in backward (the reference model has none).
             ref = build_gpt_model(self.shape, self.par, dtype=self.dtype, fusions=self.fusions - {"wgrad"})
-            load_hf_weights(ref, hf, self.shape, self.par)
+            initial(ref)
             self.ref_model = ref.eval().requires_grad_(False)
         self.model.train()
+
+    def _initial_weights(self) -> Callable[[torch.nn.Module], None]:
+        """What fills a freshly built model (policy and reference): model.megatronCheckpoint's torch_dist
+        weights when the spec names one (any layout saved it; a tensor it lacks or holds with another
+        shape is refused by name), else model.path's HF weights (read once for both models)."""
+        from . import dist_checkpoint as dcp
+        from .model import load_hf_weights
+
+        source = self.spec.model.megatron_checkpoint
+        if source is not None:
+            return lambda model: dcp.load_model_weights(source, model)
+        hf = read_hf_state(self.model_path)
+        return lambda model: load_hf_weights(model, hf, self.shape, self.par)
 
     def set_seed(self, seed: int) -> None:
         set_seed(seed)
@@ -401,46 +417,53 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         }
 
     def save(self, path: str) -> None:
-        """``path/model``: the HF export (global rank 0); ``path/trainer_rank<r>.pt``: every rank's
-        optimizer shard, step and RNG (see ``checkpoint``). Every rank calls it (a collective)."""
+        """``path/model``: the HF export (global rank 0); ``path/dist``: the Megatron distributed
+        checkpoint of model, optimizer, step and every rank's RNG (``dist_checkpoint``), which any
+        layout loads. A collective of every rank; when any rank fails to write, every rank raises
+        (``CheckpointWriteError`` for write failures) instead of waiting for it."""
         self._require_resident("save")
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
 
         from . import checkpoint as ckpt
+        from . import dist_checkpoint as dcp
 
         # Every replica holds the same weights: only data-parallel rank 0's ranks export them.
         named = self.named_tensors() if ps.get_data_parallel_rank() == 0 else {}
-        if self.rank == 0:
+        mine = {
+            "rank": self.rank,
+            **{k: v for k, v in self.layout().items() if k.endswith("_rank")},
+            "state": ckpt.portable_rng_state(tensor_parallel.get_cuda_rng_tracker().get_states()),
+        }
+        rngs: list[Any] = [None] * self.world_size
+        dist.all_gather_object(rngs, mine)  # common state must be equal on every rank: all of them
+        common = {"rljob": {"step": self.step, "layout": self._saved_layout(), "rng": rngs}}
+
+        def export() -> None:
             ckpt.write_hf_model(named, self.model_path, ckpt.model_dir(path))
-        ckpt.write_rank_state(
-            path,
-            self.rank,
-            {
-                "step": self.step,
-                "layout": self._saved_layout(),
-                "optimizer": ckpt.optimizer_state(self.optimizer),
-                "rng": rng_state(),
-                "megatron_rng": tensor_parallel.get_cuda_rng_tracker().get_states(),
-            },
+
+        dcp.save_trainer_state(
+            ckpt.dist_dir(path), self.model, self.optimizer, common, rank_zero_files=export
         )
-        dist.barrier()
 
     def load(self, path: str) -> None:
-        """Restore ``save``'s checkpoint (same layout): weights from the HF export, then the fp32
-        main params and moments of this rank's optimizer shard."""
+        """Restore ``save``'s checkpoint at this run's layout, whatever layout saved it: weights, fp32
+        main params and moments from ``path/dist``, the step, and the RNG states that map
+        (``checkpoint.pick_rng``: all of them at the same layout)."""
         self._require_resident("load")
         from megatron.core import tensor_parallel
 
         from . import checkpoint as ckpt
-        from .model import load_hf_weights
+        from . import dist_checkpoint as dcp
 
-        state = ckpt.read_rank_state(path, self.rank, self._saved_layout())
-        load_hf_weights(self.model, ckpt.read_hf_state(ckpt.model_dir(path)), self.shape, self.par)
-        ckpt.load_optimizer_state(self.optimizer, state["optimizer"])
+        state = dcp.load_trainer_state(ckpt.find_dist_checkpoint(path), self.model, self.optimizer)["rljob"]
         self.step = int(state["step"])
-        set_rng_state(state["rng"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron_rng"])
+        rng, tracker_applies, _ = ckpt.pick_rng(
+            state["rng"], state["layout"], self._saved_layout(), self.layout()
+        )
+        tracker = ckpt.restore_rng_state(rng)
+        if tracker_applies and tracker:
+            tensor_parallel.get_cuda_rng_tracker().set_states(tracker)
         dist.barrier()
 
     def _saved_layout(self) -> dict[str, int]:

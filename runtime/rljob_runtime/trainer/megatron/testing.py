@@ -4,6 +4,7 @@ benchmarks (torch only; no megatron-core, no transformers, except ``cpu_patches`
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,3 +141,19 @@ def cpu_patches() -> None:
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     mp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+
+
+def stored_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a torch_dist checkpoint, whole (read in this process, no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(directory))
+    metadata = reader.read_metadata().state_dict_metadata
+    state = {
+        k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for k, m in metadata.items()
+        if isinstance(m, TensorStorageMetadata)
+    }
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
