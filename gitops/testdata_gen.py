@@ -80,6 +80,12 @@ def edited(obj: Obj, **spec: Any) -> Obj:
     return out
 
 
+def without_restarts(obj: Obj) -> Obj:
+    out = copy.deepcopy(obj)
+    out["spec"]["faultTolerance"]["backoffLimit"] = 0
+    return out
+
+
 def rayjob(obj: Obj, deployment: str, job_status: str = "", suspend: bool = False, **status: Any) -> Obj:
     """The KubeRay RayJob as the operator reads it (only the fields status.py looks at)."""
     name = rayjob_name(obj["metadata"]["name"])
@@ -136,7 +142,8 @@ def cases() -> dict[str, Obj]:
         "stale-generation": stale,
         "suspended": reconcile(stale, 423, rayjob=suspended_rayjob),
         "succeeded": reconcile(last, 7201, rayjob=done),
-        "failed": reconcile(running, 900, rayjob=crashed),
+        # backoffLimit 0: the first failure is final (with restarts left, the operator restarts it).
+        "failed": reconcile(without_restarts(running), 900, rayjob=crashed),
         "failed-name-too-long": reconcile(long_name, 1, blocker=check_name(job_from_object(long_name))),
         "stalled-secret-missing": reconcile(
             pending, 2, blocker=check_references(job_from_object(pending), set(), {"rl-shared"})

@@ -101,10 +101,11 @@ RULE_CASES = [
         {"algorithm": {"advantageEstimator": "ppo"}, "training": {"backend": "torch"}},
     ),
     Case(
-        "megatron-checkpoint-not-yet",
-        {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}},
+        "megatron-checkpoint-torch-backend",
+        {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}, "training": {"backend": "torch"}},
         "spec.model.megatronCheckpoint",
-        "not supported by this runtime yet: model.megatronCheckpoint",
+        "not supported by this runtime yet: model.megatronCheckpoint with training.backend torch",
+        {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}},
     ),
     Case(
         "async-buffer-not-yet",
@@ -130,13 +131,6 @@ RULE_CASES = [
         {"checkpoint": {"export": {"path": "/shared/hf"}}},
         "spec.checkpoint.export",
         "not supported by this runtime yet: checkpoint.export",
-    ),
-    Case(
-        "trainer-restarts-not-yet",
-        {"faultTolerance": {"maxTrainerRestarts": 3}},
-        "spec.faultTolerance.maxTrainerRestarts",
-        "not supported by this runtime yet: faultTolerance.maxTrainerRestarts above 0",
-        {"faultTolerance": {"maxTrainerRestarts": 0, "backoffLimit": 3}},
     ),
     Case(
         "context-parallel-not-yet",

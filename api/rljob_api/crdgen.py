@@ -78,6 +78,13 @@ PRINTER_COLUMNS = [
         "description": "Model being trained.",
     },
     {
+        "name": "Restarts",
+        "type": "integer",
+        "jsonPath": ".status.restarts",
+        "priority": 1,
+        "description": "Times the job was restarted on a new Ray job after a retriable failure.",
+    },
+    {
         "name": "Message",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].message',

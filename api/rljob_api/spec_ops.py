@@ -100,16 +100,19 @@ class FaultToleranceSpec(ApiModel):
         default=0,
         ge=0,
         le=1000,
-        description="Not supported yet (above 0 is refused): restart only the trainer group from the latest "
-        "checkpoint when a trainer process is lost, at most this many times. Today a lost trainer process "
-        "fails the Ray job, which backoffLimit retries.",
+        description="When a trainer process is lost (killed, its node gone), restart only the trainer group, "
+        "on the same placement, from the run's latest checkpoint (the engines keep running and get its "
+        "weights), at most this many times in one Ray job; the steps after that checkpoint are done again. "
+        "Beyond it (or at 0) the Ray job fails and backoffLimit decides.",
     )
     backoff_limit: int = Field(
         default=0,
         ge=0,
         le=100,
-        description="Times the whole Ray job (a fresh Ray cluster) is retried after it fails; it resumes "
-        "from the latest checkpoint.",
+        description="Times the operator restarts the job on a new Ray job (a fresh Ray cluster) after it "
+        "fails for a retriable reason (the driver killed or crashed, a pod or node lost); it resumes from "
+        "the latest checkpoint (checkpoint.resume auto). A job the runtime refuses (bad config or data) "
+        "is not retried. Each restart is in status.restarts and status.restartHistory.",
     )
     startup_timeout_seconds: int = Field(
         default=600,

@@ -23,8 +23,12 @@ class ModelSpec(ApiModel):
     )
     megatron_checkpoint: Path | None = Field(
         default=None,
-        description="Optional Megatron torch_dist checkpoint to start the megatron backend from instead "
-        "of converting the Hugging Face weights at start-up.",
+        description="A Megatron torch_dist checkpoint (a converted one, `python -m rljob_runtime.convert "
+        "hf-to-dist`, or a run's iter_<step>/dist, saved at any TP/PP/DP layout) whose weights the megatron "
+        "backend starts from instead of model.path's (with a fresh optimizer; a checkpoint of this job's "
+        "own checkpoint.path is resumed instead when there is one). model.path still gives the "
+        "architecture and the tokenizer (the checkpoint's tensors must match its shapes); the engines get "
+        "the checkpoint's weights before the first step.",
     )
     tokenizer: Path | None = Field(
         default=None, description="Tokenizer path or hub id; defaults to model.path."

@@ -19,6 +19,14 @@ PHASES: tuple[str, ...] = Phase.__args__
 ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__
 
+# Exit status of `rljob-runtime train` for a failure a restart cannot fix (sysexits' EX_CONFIG): the
+# job's config, data or model was refused, or the run cannot go on as specified. Ray puts it in the
+# Ray job's message, KubeRay copies that into the RayJob's, and the operator then fails the job
+# instead of restarting it. Every other non-zero status (1, a signal) is retried up to backoffLimit.
+EXIT_NOT_RETRIABLE = 78
+RESTART_HISTORY_MAX = 10  # entries of status.restartHistory kept, the most recent last
+RESTART_MESSAGE_MAX = 512
+
 
 class Condition(ApiModel):
     """A condition in metav1.Condition shape (what kstatus, Argo CD and kubectl wait understand)."""
@@ -66,6 +74,16 @@ class Progress(ApiModel):
         description="What the runtime is doing before its first step, e.g. 'downloading Qwen/Qwen3-4B@main: "
         "1.2/8.0 GB (15%)'; gone once the first step is reported.",
     )
+    trainer_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        description="Times the trainer group was restarted inside the current Ray job "
+        "(spec.faultTolerance.maxTrainerRestarts).",
+    )
+    last_trainer_restart: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="What the last in-run trainer restart was: the rank lost, the cause, the step resumed.",
+    )
     updated_at: datetime | None = Field(default=None, description="When the runtime last reported.")
 
 
@@ -76,6 +94,27 @@ class Children(ApiModel):
     ray_cluster: Name | None = Field(default=None, description="The RayCluster KubeRay created for it.")
     service_account: Name | None = Field(
         default=None, description="The ServiceAccount the runtime uses to report progress."
+    )
+
+
+class Restart(ApiModel):
+    """A whole-job restart: a new RayJob and Ray cluster after a retriable failure of the last one."""
+
+    attempt: int = Field(ge=1, description="1 for the first restart, 2 for the second, ...")
+    time: datetime = Field(description="When the operator saw the failure and decided to restart.")
+    reason: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        description="Why the attempt failed: DriverKilled (the runtime was killed by a signal), "
+        "RuntimeFailed (it exited non-zero), or KubeRay's reason (e.g. AppFailed, SubmissionFailed)."
+    )
+    message: Annotated[str, Field(max_length=RESTART_MESSAGE_MAX)] = Field(
+        default="", description="The failure in one line (the runtime's last line, or KubeRay's message)."
+    )
+    exit_code: int | None = Field(
+        default=None,
+        description="The runtime's exit status as Ray reported it (negative: killed by that signal).",
+    )
+    ray_job_uid: Annotated[str, Field(max_length=128)] = Field(
+        description="metadata.uid of the failed RayJob: each failed attempt is counted once."
     )
 
 
@@ -99,7 +138,16 @@ class RLTrainingJobStatus(ApiModel):
     children: Children | None = Field(default=None, description="Objects created for this job.")
     gpus: int | None = Field(default=None, ge=0, description="GPUs the job requests (trainer + rollout).")
     queue: LabelName | None = Field(default=None, description="Kueue LocalQueue the job was submitted to.")
-    restarts: int | None = Field(default=None, ge=0, description="Times the Ray job was retried.")
+    restarts: int | None = Field(
+        default=None,
+        ge=0,
+        description="Times the whole job was restarted on a new Ray cluster after a retriable failure "
+        "(at most spec.faultTolerance.backoffLimit).",
+    )
+    restart_history: Annotated[list[Restart], Field(max_length=RESTART_HISTORY_MAX)] | None = Field(
+        default=None,
+        description=f"The last {RESTART_HISTORY_MAX} restarts, the most recent last, with the reason of each.",
+    )
     start_time: datetime | None = Field(
         default=None, description="When the job's Ray cluster was first created."
     )

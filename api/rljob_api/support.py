@@ -229,10 +229,10 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
     ),
     Limit(
         field=".model.megatronCheckpoint",
-        what="model.megatronCheckpoint",
-        instead="remove it (the trainer starts from the Hugging Face weights of model.path)",
-        cel="!has(self.model.megatronCheckpoint)",
-        supported=lambda s: s.model.megatron_checkpoint is None,
+        what="model.megatronCheckpoint with training.backend torch (it is a Megatron checkpoint)",
+        instead="use training.backend megatron, or remove it (the torch trainer starts from model.path)",
+        cel="!has(self.model.megatronCheckpoint) || self.training.backend == 'megatron'",
+        supported=lambda s: s.model.megatron_checkpoint is None or s.training.backend == "megatron",
     ),
     Limit(
         field=".checkpoint.export",
@@ -241,13 +241,6 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         "model/ in each iter_NNNNNNN/ under checkpoint.path)",
         cel="!self.checkpoint.export.huggingFace && !has(self.checkpoint.export.path)",
         supported=lambda s: not s.checkpoint.export.hugging_face and s.checkpoint.export.path is None,
-    ),
-    Limit(
-        field=".faultTolerance.maxTrainerRestarts",
-        what="faultTolerance.maxTrainerRestarts above 0 (restarting only the trainer group)",
-        instead="use faultTolerance.backoffLimit: a failed Ray job is retried from the latest checkpoint",
-        cel="self.faultTolerance.maxTrainerRestarts == 0",
-        supported=lambda s: s.fault_tolerance.max_trainer_restarts == 0,
     ),
 )
 

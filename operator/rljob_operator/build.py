@@ -6,6 +6,7 @@ No I/O here: the handlers apply what these functions return with server-side app
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import yaml
@@ -142,7 +143,9 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
         ),
         "submissionMode": settings.submission_mode,
         "shutdownAfterJobFinishes": True,
-        "backoffLimit": spec.fault_tolerance.backoff_limit,
+        # The operator restarts the whole job itself (restarts.py): KubeRay would retry every
+        # failure, a refused config too, and keep no reason per attempt.
+        "backoffLimit": 0,
         "suspend": suspend,
         "rayClusterSpec": {
             "rayVersion": settings.ray_version,
@@ -161,8 +164,9 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
         del rayjob_spec["suspend"]
     if spec.ttl_seconds_after_finished is not None:
         rayjob_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
-    if spec.active_deadline_seconds is not None:
-        rayjob_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    deadline = active_deadline_seconds(job)
+    if deadline is not None:
+        rayjob_spec["activeDeadlineSeconds"] = deadline
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -174,6 +178,24 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
         },
         "spec": rayjob_spec,
     }
+
+
+def active_deadline_seconds(job: Job) -> int | None:
+    """spec.activeDeadlineSeconds bounds the whole job; KubeRay counts it from the RayJob's start, so
+    a restarted job's RayJob gets what was left when the last restart began (at least 1 s)."""
+    deadline = job.spec.active_deadline_seconds
+    entries = job.status.get("restartHistory") or []
+    started = job.status.get("startTime")
+    if deadline is None or not entries or not started:
+        return deadline
+    spent = _parse_time(entries[-1]["time"]) - _parse_time(started)
+    return max(1, deadline - int(spent.total_seconds()))
+
+
+def _parse_time(stamp: Any) -> datetime:
+    if isinstance(stamp, datetime):
+        return stamp
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
 
 
 def _head_group(job: Job) -> PodGroup:

@@ -1,5 +1,7 @@
 """Pure builders for the runtime's identity: a ServiceAccount allowed to report progress of its
-own job only (get + patch on rltrainingjobs/status, resourceNames = the job), and nothing else."""
+own job only (get + patch on rltrainingjobs/status, resourceNames = the job) and to create events
+in its namespace (an event's name is generated, so it cannot be limited by resourceNames), nothing
+else."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def build_runtime_rbac(job: Job) -> list[dict[str, Any]]:
                     "verbs": ["get", "patch"],
                 },
                 {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [job.name], "verbs": ["get"]},
+                # Announcing what happens inside the run (a trainer restart) on the job's events.
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],
         },
         {

@@ -34,6 +34,13 @@ class Job:
             "blockOwnerDeletion": True,
         }
 
+    def owns(self, child: Mapping[str, Any]) -> bool:
+        """Whether `child` is this job's, not one left by an earlier job of the same name (deleted
+        and created again) that garbage collection has not removed yet."""
+        owners = (child.get("metadata") or {}).get("ownerReferences") or []
+        controller = [ref for ref in owners if ref.get("controller")]
+        return not controller or any(ref.get("uid") == self.uid for ref in controller)
+
 
 def job_from_object(obj: Mapping[str, Any]) -> Job:
     """A Job from the object the API server returned (already validated by the CRD schema)."""

@@ -18,6 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from rljob_api.contract import OPERATOR_FIELD_MANAGER
+from rljob_api.events import event_body
 from rljob_api.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 from .checks import NodeInfo
@@ -133,6 +134,22 @@ class Kube:
         path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
         return (await self._call("GET", path, query_params=[("labelSelector", selector)]))["items"]
 
+    async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
+        """Delete this RayJob, and only this one (a uid precondition: never a newer RayJob of the
+        same name), in the foreground: it goes once its RayCluster and pods are gone, so the job's
+        next RayJob does not start beside them. Already gone is fine."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Foreground",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self._call("DELETE", object_path("ray.io/v1", "RayJob", namespace, name), body=body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:
         return (await self._call("GET", f"/api/v1/namespaces/{namespace}/resourcequotas"))["items"]
 
@@ -155,34 +172,18 @@ class Kube:
     async def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on `obj`, posted by this client: kopf's own poster works only inside a
         kopf handler, and transitions found by the resync or a retry must be announced too."""
-        meta = obj["metadata"]
-        now = datetime.now(UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion", API_VERSION),
-                "kind": obj.get("kind", KIND),
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "action": "Reconcile",
-            "source": {"component": EVENT_COMPONENT},
-            "reportingComponent": EVENT_COMPONENT,
-            "reportingInstance": socket.gethostname()[:128],
-            # Microseconds, so events of one second keep their order.
-            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+        body = event_body(
+            obj,
+            type_,
+            reason,
+            message,
+            component=EVENT_COMPONENT,
+            instance=socket.gethostname(),
+            action="Reconcile",
+            now=datetime.now(UTC),
+        )
+        namespace = obj["metadata"]["namespace"]
+        await self._call("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
     async def exists(self, namespace: str, resource: str, name: str) -> bool:
         """Whether a core object (secrets, persistentvolumeclaims) exists; reads metadata only."""

@@ -38,6 +38,7 @@ from .permissions import describe_api_error
 from .pod_states import classify
 from .quantity import whole_units
 from .quota import Decision, JobDemand, Quota, decide
+from .restarts import Failure, failure_of, is_recorded, restart_pending, should_restart
 from .status import (
     TERMINAL,
     Observed,
@@ -45,6 +46,7 @@ from .status import (
     compute_status,
     error_status,
     holds_pods,
+    restart_status,
     status_changed,
 )
 
@@ -123,10 +125,22 @@ class Reconciler:
             return
         now = self.clock()
         rayjob = await self.kube.get_rayjob(namespace, rayjob_name(name))
+        leftover = None
+        if rayjob is not None and not job.owns(rayjob):
+            # An earlier job of this name was deleted and this one created (kubectl replace --force,
+            # a GitOps re-create): its RayJob goes by garbage collection, then this job's is created.
+            leftover, rayjob = rayjob["metadata"]["name"], None
         blocker = check_name(job)
         queue: Decision | None = None
         finished = job.status.get("phase") in TERMINAL
-        if blocker is None and not finished:
+        if blocker is None and not finished and rayjob is not None:
+            failure = failure_of(rayjob)
+            if failure is not None and should_restart(job, failure):
+                job, rayjob = await self._restart(obj, job, rayjob, failure, now)
+        # The failed RayJob of a recorded restart is still being deleted: nothing is applied to it,
+        # its successor is created once it is gone (its deletion is an event on it).
+        going = rayjob is not None and restart_pending(job, rayjob)
+        if blocker is None and not finished and not going and leftover is None:
             running = rayjob is not None and not (rayjob.get("spec") or {}).get("suspend")
             if not running:
                 blocker = await self._preflight(job)
@@ -149,16 +163,44 @@ class Reconciler:
                         self._announce_created(obj, job, applied)
                     rayjob = applied
         pods = None
-        if rayjob is not None and job.status.get("phase") in ("Starting", "Pending", None):
+        if rayjob is not None and not going and job.status.get("phase") in ("Starting", "Pending", None):
             # Read only while starting: why its pods do not run (a running job's pass lists nothing).
             pods = classify(await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), rayjob, namespace)
-        status = compute_status(job, Observed(now, rayjob, blocker, queue, pods))
+        status = compute_status(job, Observed(now, rayjob, blocker, queue, pods, leftover))
         if status_changed(job.status, status):
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
         if holds_pods(status, rayjob):  # failed by its startup timeout: free the quota its pods hold
             await self._apply_child(build_rayjob(job, self.settings, suspend=True))
         self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
+
+    async def _restart(
+        self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any], failure: Failure, now: datetime
+    ) -> tuple[Job, dict[str, Any] | None]:
+        """A whole-job restart after a retriable failure: record it in status (once per failed
+        RayJob, keyed by its uid), then delete the failed RayJob (KubeRay deletes its Ray cluster).
+        Returns the job with that status and the RayJob as it is now: None when already gone (the
+        caller creates the next one), else the failed one, being deleted."""
+        if not is_recorded(job.status, failure.uid):
+            status = restart_status(job, failure, rayjob, now)
+            await self.kube.apply_job_status(job.namespace, job.name, status)
+            self._announce(obj, job, status)
+            log.info(
+                "restarting %s/%s (restart %d of %d): RayJob %s failed: %s: %s",
+                job.namespace,
+                job.name,
+                status["restarts"],
+                job.spec.fault_tolerance.backoff_limit,
+                failure.uid,
+                failure.reason,
+                failure.line,
+            )
+            progress = {"progress": job.status["progress"]} if job.status.get("progress") else {}
+            job = dataclasses.replace(job, status={**status, **progress})  # progress: the runtime's
+        if rayjob["metadata"].get("deletionTimestamp"):
+            return job, rayjob  # deleted by an earlier pass: still going
+        await self.kube.delete_rayjob(job.namespace, rayjob["metadata"]["name"], failure.uid)
+        return job, await self.kube.get_rayjob(job.namespace, rayjob["metadata"]["name"])
 
     def _announce_created(self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any]) -> None:
         name = rayjob["metadata"]["name"]

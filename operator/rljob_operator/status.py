@@ -9,6 +9,7 @@ runtime and is not produced here (the status patch never touches it).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,21 @@ from .names import runtime_account_name
 from .pod_states import REASONS as STUCK_REASONS
 from .pod_states import Stuck
 from .quota import Decision
+from .restarts import (
+    EXHAUSTED,
+    RESTARTING,
+    Failure,
+    exhausted_message,
+    failure_of,
+    history,
+    last_line,
+    restart_entry,
+    restart_pending,
+    restarting_message,
+    restarts,
+    should_restart,
+    with_restart,
+)
 
 TERMINAL = ("Succeeded", "Failed")
 RETRYING = "Retrying"  # Reconciling's reason while API calls fail and are retried
@@ -55,6 +71,9 @@ class Observed:
     blocker: Blocker | None = None
     queue: Decision | None = None
     pods: Stuck | None = None  # why the Ray cluster does not start (pod_states.classify), while Starting
+    # The RayJob of an earlier job of this name (deleted, created again), not deleted yet: the
+    # operator waits for garbage collection before it creates this job's own.
+    leftover: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,11 +105,19 @@ def decide_phase(job: Job, seen: Observed) -> Verdict:
         # Also a resumed job whose RayJob the quota keeps suspended: it waits, it is not starting.
         resuming = "resuming once admitted: " if rayjob is not None else ""
         return Verdict("Queued", seen.queue.reason, resuming + seen.queue.message)
+    if rayjob is None and job.spec.suspend:
+        return Verdict("Suspended", "Suspended", _SUSPENDED)
+    if restart_pending(job, rayjob):  # the failed RayJob is going or gone, the new one not there yet
+        return _restarting(job, history(job.status)[-1])
+    if rayjob is None and seen.leftover:
+        return Verdict(
+            "Pending",
+            "Creating",
+            f"waiting for RayJob {seen.leftover} of an earlier job of this name to be deleted",
+        )
     if rayjob is None:
-        if job.spec.suspend:
-            return Verdict("Suspended", "Suspended", _SUSPENDED)
         return Verdict("Pending", "Creating", "creating the RayJob and the runtime's ServiceAccount")
-    verdict = _rayjob_phase(job, rayjob)
+    verdict = _rayjob_phase(job, rayjob, seen.now)
     if verdict.phase == "Starting" and seen.pods is not None:
         return stuck_verdict(job, seen.pods, seen.now)
     return verdict
@@ -116,20 +143,18 @@ _SUSPENDED = (
 )
 
 
-def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict:
+def _rayjob_phase(job: Job, rayjob: Mapping[str, Any], now: datetime) -> Verdict:
     status = rayjob.get("status") or {}
     deployment = status.get("jobDeploymentStatus", "")
     ray_status = status.get("jobStatus", "")
-    reason = status.get("reason") or ""
     message = status.get("message") or ""
     if deployment == "Complete" and ray_status == "SUCCEEDED":
         return Verdict("Succeeded", "Completed", _completed(job))
-    if deployment in ("Failed", "ValidationFailed") or (
-        deployment == "Complete" and ray_status in ("FAILED", "STOPPED")
-    ):
-        return _failed(
-            rayjob["metadata"]["name"], reason or "RayJobFailed", message, ray_status or deployment
-        )
+    failure = failure_of(rayjob)
+    if failure is not None:
+        if should_restart(job, failure):  # the reconciler records it, then deletes the RayJob
+            return _restarting(job, restart_entry(job, failure, now))
+        return _failed(job, rayjob, failure)
     suspended = deployment in ("Suspending", "Suspended") or (rayjob.get("spec") or {}).get("suspend")
     if suspended:
         if job.spec.suspend:
@@ -157,21 +182,24 @@ def _rayjob_phase(job: Job, rayjob: Mapping[str, Any]) -> Verdict:
     return Verdict("Starting", "Starting", f"Ray cluster starting{pods}")
 
 
-def _failed(rayjob: str, reason: str, message: str, ended: str) -> Verdict:
+def _failed(job: Job, rayjob: Mapping[str, Any], failure: Failure) -> Verdict:
     """The runtime's one-line reason (the last line it printed, which KubeRay's message ends with
     after Ray's 'Job entrypoint command failed ... last available logs:' header) for the column;
-    KubeRay's whole message for the Failed condition."""
-    line = last_line(message) or f"the Ray job ended {ended}"
-    whole = message.strip()
-    detail = f"{line} (RayJob {rayjob})" + (
-        f"\nRayJob {rayjob} says: {whole}" if whole and whole != line else ""
-    )
+    KubeRay's whole message for the Failed condition. A failure a restart could have cured, after
+    backoffLimit restarts: BackoffLimitExceeded, 'failed after N restarts: <reason>'."""
+    name = rayjob["metadata"]["name"]
+    line, reason = failure.line, failure.reason
+    if failure.retriable:
+        reason = (rayjob.get("status") or {}).get("reason") or reason  # KubeRay's (AppFailed ...)
+        if job.spec.fault_tolerance.backoff_limit > 0:
+            reason, line = EXHAUSTED, exhausted_message(restarts(job, rayjob), line)
+    whole = failure.detail
+    detail = f"{line} (RayJob {name})" + (f"\nRayJob {name} says: {whole}" if whole and whole != line else "")
     return Verdict("Failed", reason, line, detail=detail)
 
 
-def last_line(message: str) -> str:
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+def _restarting(job: Job, entry: Mapping[str, Any]) -> Verdict:
+    return Verdict("Starting", RESTARTING, restarting_message(job, entry))
 
 
 def _running(job: Job) -> str:
@@ -267,8 +295,12 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
     elif (job.status.get("children") or {}).get("rayCluster"):
         children["rayCluster"] = job.status["children"]["rayCluster"]
     status["children"] = children
-    if rayjob_status.get("failed"):
-        status["restarts"] = int(rayjob_status["failed"])
+    count = restarts(job, seen.rayjob)
+    if count:
+        status["restarts"] = count
+    entries = history(job.status)
+    if entries:
+        status["restartHistory"] = entries
     start = job.status.get("startTime") or rayjob_status.get("startTime")
     if start:
         status["startTime"] = start
@@ -277,6 +309,16 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
             job.status.get("completionTime") or rayjob_status.get("endTime") or _time(seen.now)
         )
     return status
+
+
+def restart_status(job: Job, failure: Failure, rayjob: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The status that records the restart `failure` of `rayjob` causes: one more in
+    status.restarts and status.restartHistory (keyed by the RayJob's uid), phase Starting, reason
+    Restarting. Written before the RayJob is deleted, so a restart is counted once whatever fails
+    or restarts in between."""
+    entry = restart_entry(job, failure, now)
+    recorded = dataclasses.replace(job, status=with_restart(job.status, entry))
+    return compute_status(recorded, Observed(now, rayjob=rayjob))
 
 
 def holds_pods(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> bool:
@@ -318,7 +360,9 @@ def announcement(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[s
     ready = next(c for c in after["conditions"] if c["type"] == "Ready")
     old_ready = next((c for c in before.get("conditions") or [] if c.get("type") == "Ready"), {})
     stalled = _is_true(after, "Stalled")
-    trouble = stalled or after["phase"] == "Failed" or ready["reason"] in (*STUCK_REASONS, RETRYING)
+    trouble = (
+        stalled or after["phase"] == "Failed" or ready["reason"] in (*STUCK_REASONS, RETRYING, RESTARTING)
+    )
     kind = "Warning" if trouble else "Normal"
     if before.get("phase") != after["phase"]:
         return (

@@ -1,6 +1,12 @@
 """rljob-runtime: the command the operator's RayJob runs, and that users run locally.
 
 rljob-runtime validate --config job.yaml
+rljob-runtime train --config job.yaml
+
+`train` exits 0 when the run succeeded, EXIT_NOT_RETRIABLE (78) when the job was refused before it
+started (an invalid config, or `prepare` refused the spec, the data or the model), 1 for any other
+failure (the run itself failed) and 130 when interrupted; a killed runtime has no say. The operator
+restarts the whole job (up to faultTolerance.backoffLimit) for every failure but 78.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ import argparse
 import sys
 
 from rljob_api.describe import describe
+from rljob_api.status import EXIT_NOT_RETRIABLE
 
 from .config import ConfigError, load_config
 
@@ -51,7 +58,7 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         print(f"rljob-runtime: invalid config: {exc.problems[0]}", file=sys.stderr)
-        return 2
+        return EXIT_NOT_RETRIABLE
     from .driver import RunError, RunOptions, prepare, run
     from .report import JobIdentity
     from .wandb_log import RunIdentity
@@ -59,7 +66,11 @@ def _train(args: argparse.Namespace) -> int:
     report = args.report_status == "on" or (
         args.report_status == "auto" and str(args.config).startswith("env:")
     )
-    job = JobIdentity(config.name, config.namespace or "default") if report and config.name else None
+    job = (
+        JobIdentity(config.name, config.namespace or "default", config.uid)
+        if report and config.name
+        else None
+    )
     print(f"{config.name or args.config}: starting", flush=True)
     for topic, line in describe(config.spec):
         print(f"  {topic:<12}{line}", flush=True)
@@ -68,7 +79,13 @@ def _train(args: argparse.Namespace) -> int:
 
     unwind_on_sigterm()
     try:
-        prepared = prepare(config.spec)
+        try:
+            prepared = prepare(config.spec)
+        except Exception as exc:
+            if refused_by_prepare(exc):
+                print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
+                return EXIT_NOT_RETRIABLE
+            raise
         if prepared.dropped_prompts:
             print(
                 f"  dropped {prepared.dropped_prompts} prompt(s) longer than data.maxPromptLength", flush=True
@@ -88,11 +105,25 @@ def _train(args: argparse.Namespace) -> int:
         print("rljob-runtime: interrupted; stopped engines, router and trainer", file=sys.stderr)
         return 130
     except (RunError, ValueError, RuntimeError, NotImplementedError, OSError) as exc:
-        # Contract with the operator: the last line of output is a one-line reason.
+        # Contract with the operator: the last line of output is a one-line reason. Once running, a
+        # failure is retriable (exit 1): a new Ray cluster may get past it, up to backoffLimit.
         print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
         return 1
     print(f"done: {result.steps_done} steps; last checkpoint {result.last_checkpoint}", flush=True)
     return 0
+
+
+def refused_by_prepare(exc: BaseException) -> bool:
+    """Whether `prepare` refused the job for a reason a restart cannot change: the support matrix or
+    a spec rule (RunError), the data or a template (ValueError), a local model path that does not
+    exist. Not a hub download (HubError): the hub may be unreachable or failing for a while."""
+    from .driver import RunError
+    from .hub_rules import HubError
+    from .models import ModelNotFoundError
+
+    if isinstance(exc, HubError):
+        return False
+    return isinstance(exc, RunError | ValueError | NotImplementedError | ModelNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,10 @@ class Turns:
         self.colocated = bool(spec.resources.colocate)
         self.offload = self.colocated and spec.resources.device == "cuda"
         self.trainer, self.rollout = trainer, rollout
+        # Where the engines' GPU memory is, so a trainer restart in any phase knows what to undo:
+        # released for the trainer, and whether their weights came back already (to_engines).
+        self.engines_released = False
+        self.engine_weights_back = False
 
     def start(self) -> Metrics:
         """Before the engines exist: the trainer's state leaves the GPU for them."""
@@ -39,14 +43,23 @@ class Turns:
         metrics: Metrics = {}
         if self.colocated:
             self._phase(metrics, "release_engines", self.rollout.release_memory)
+            self.engines_released, self.engine_weights_back = True, False
         if self.offload:
             self._phase(metrics, "onload_trainer", self.trainer.onload)
         return metrics
 
+    def make_room(self) -> None:
+        """Before a restarted trainer group starts: colocated engines that hold the GPU release it,
+        so the new ranks can load (``to_engines`` then gives it back, with the reloaded weights)."""
+        if self.colocated and not self.engines_released:
+            self.rollout.release_memory()
+            self.engines_released, self.engine_weights_back = True, False
+
     def to_engines(self, sync: Callable[[], Metrics]) -> Metrics:
         metrics: Metrics = {}
-        if self.colocated:
+        if self.colocated and not self.engine_weights_back:
             self._phase(metrics, "resume_engine_weights", lambda: self.rollout.resume_memory(["weights"]))
+            self.engine_weights_back = True
         metrics.update(sync())
         if self.offload:
             self._phase(metrics, "offload_trainer", self.trainer.offload)
@@ -54,6 +67,7 @@ class Turns:
             self._phase(
                 metrics, "resume_engine_kv", lambda: self.rollout.resume_memory(["kv_cache", "cuda_graph"])
             )
+            self.engines_released = False
         return metrics
 
     def _phase(self, metrics: Metrics, name: str, action: Callable[[], Any]) -> None:

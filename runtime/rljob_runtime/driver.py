@@ -11,6 +11,7 @@ prompts whose zero-variance groups are dropped (``dynamic_rollout``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -27,6 +28,7 @@ from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.support import unsupported
 
 from .checkpoint import store
+from .checkpoint.errors import CheckpointWriteError
 from .colocation import Turns
 from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
 from .data.rewards.base import scalar_reward
@@ -37,6 +39,7 @@ from .report import JobIdentity, ProgressReporter
 from .rollout.custom_generate import load_hook
 from .step_rollout import StepRollout, next_rollout_async, step_rollout
 from .sync import WeightTransport, make_transport
+from .trainer_restart import RestartsExhausted, TrainerRestarts, one_line
 from .wandb_log import RunIdentity, WandbLogger
 
 log = logging.getLogger("rljob.driver")
@@ -75,6 +78,7 @@ class RunResult:
     history: list[dict[str, float]] = field(default_factory=list)
     batches: list[list[int]] = field(default_factory=list)  # prompt rows (group indices) of each step
     last_checkpoint: str | None = None
+    trainer_restarts: list[str] = field(default_factory=list)  # the message of each in-run restart
 
 
 def prepare(spec: RLTrainingJobSpec) -> Prepared:
@@ -88,6 +92,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
         check_megatron_installed()
+        if spec.model.megatron_checkpoint is not None:
+            check_megatron_checkpoint(str(spec.model.megatron_checkpoint))
     if spec.rollout.engine == "sglang":
         check_sglang()
     from transformers import AutoTokenizer
@@ -141,6 +147,17 @@ def check_megatron_installed() -> None:
         )
 
 
+def check_megatron_checkpoint(path: str) -> None:
+    """model.megatronCheckpoint must be a torch_dist checkpoint (its tensors are checked against the
+    model when the ranks load it)."""
+    from .trainer.megatron.checkpoint import find_dist_checkpoint
+
+    try:
+        find_dist_checkpoint(path)
+    except FileNotFoundError as err:
+        raise RunError(f"model.megatronCheckpoint: {err}") from err
+
+
 def check_sglang() -> None:
     """The pinned SGLang release must be the runtime's (its HTTP API and weight formats are the ones
     the runtime speaks): refused here, before Ray starts, with the version needed."""
@@ -186,7 +203,6 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
             )
         started_ray = True
     unwind_on_sigterm()  # after ray.init, which installs a SIGTERM handler that aborts the process
-    trainer = rollout = None
     transport = make_transport(
         spec,
         single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1,
@@ -198,12 +214,16 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         tensorboard_dir=options.tensorboard_dir,
         wandb=WandbLogger.start(options.identity or RunIdentity(), spec.to_document()),
     )
+    crew: Crew | None = None
+    rollout = None
     try:
         placement = create_placement(spec)
-        trainer = create_trainer(spec, prepared.model_path, placement.trainer)
-        resumed = _load_checkpoint(prepared, options, trainer)
-        turns = Turns(spec, trainer, None)
-        start_metrics = turns.start()  # colocated: the trainer's state leaves the GPU for the engines
+        # A restart of the trainer group starts it again on the same bundles.
+        new_trainer = functools.partial(create_trainer, spec, prepared.model_path, placement.trainer)
+        crew = Crew(new_trainer(), None, transport, new_trainer)
+        resumed = _load_checkpoint(prepared, options, crew.trainer)
+        crew.turns = Turns(spec, crew.trainer, None)
+        start_metrics = crew.turns.start()  # colocated: the trainer's state leaves the GPU for the engines
         rollout = RolloutManager.create(
             spec,
             prepared.model_path,
@@ -211,22 +231,39 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
             # a resumed run's engines load the checkpoint's HF export: no sync needed to catch up
             weights_path=store.model_dir(resumed.directory) if resumed is not None else None,
         )
-        rollout.refresher = lambda url: transport.refresh(trainer, rollout, url)
-        turns.rollout = rollout
+        # A relaunched engine gets the current trainer's weights (the one a restart put in place).
+        rollout.refresher = lambda url: transport.refresh(crew.trainer, rollout, url)
+        crew.rollout = crew.turns.rollout = rollout
         if resumed is not None:
             rollout.set_weight_version(resumed.step)
+        elif spec.model.megatron_checkpoint is not None:
+            # The engines started from model.path; the trainer from the Megatron checkpoint: the
+            # first generation must use the trainer's weights.
+            transport.push(crew.trainer, rollout, 0)
         if start_metrics:
             log.info("trainer offloaded for the engines: %s", start_metrics)
-        return _loop(prepared, options, trainer, rollout, reporter, transport, turns, resumed)
+        return _loop(prepared, options, crew, reporter, resumed)
     finally:
         reporter.close()
         transport.close()
         if rollout is not None:
             rollout.shutdown()
-        if trainer is not None:
-            trainer.shutdown()
+        if crew is not None:
+            crew.trainer.shutdown()
         if started_ray:
             ray.shutdown()
+
+
+@dataclass
+class Crew:
+    """The run's live parts. A trainer restart replaces ``trainer`` (``new_trainer`` starts one on
+    the run's placement); the engines, the router and the transport stay."""
+
+    trainer: Any
+    rollout: Any
+    transport: WeightTransport
+    new_trainer: Callable[[], Any]
+    turns: Turns = field(init=False)
 
 
 def unwind_on_sigterm() -> None:
@@ -244,40 +281,75 @@ def unwind_on_sigterm() -> None:
 def _loop(
     prepared: Prepared,
     options: RunOptions,
-    trainer: Any,
-    rollout: Any,
+    crew: Crew,
     reporter: ProgressReporter,
-    transport: WeightTransport,
-    turns: Turns,
     resumed: Resumed | None,
 ) -> RunResult:
     spec = prepared.spec
-    ckpt_root = Path(spec.checkpoint.path)
     rng = random.Random(spec.training.seed)
+    # Where a restart before the first checkpoint goes back to: step 0's data position and RNG.
+    origin = (prepared.source.state_dict(), rng.getstate())
     start, buffered = _restore_driver_state(prepared, rng, resumed)
     last_ckpt = str(resumed.directory) if resumed is not None else None
     result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
     total = spec.training.num_rollout
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
-    async_mode = spec.rollout.async_.enabled
-    pending: Future[StepRollout] | None = None
-    if buffered is not None:
-        pending = Future()
-        pending.set_result(buffered)  # the in-flight rollout saved by the last checkpoint
-    for step in range(start, total):
+    restarts = TrainerRestarts(spec.fault_tolerance.max_trainer_restarts)
+    pending = _ready(buffered)  # the in-flight rollout saved by the last checkpoint
+    step = start
+    while step < total:
         if options.stop_after is not None and step - start >= options.stop_after:
             break
-        t_step = time.perf_counter()
-        metrics: dict[str, float] = {}
-        t0 = time.perf_counter()
-        batch = pending.result() if pending is not None else step_rollout(prepared, rollout)
-        pending = None  # consumed: a checkpoint of the last step must not save it as in flight
-        metrics["time/generate"] = time.perf_counter() - t0
-        if async_mode and step + 1 < total:
-            pending = next_rollout_async(prepared, rollout)  # step k+1 overlaps training on step k
-        samples = batch.samples
-        metrics.update(batch.metrics)
+        try:
+            pending = _step(prepared, options, crew, reporter, result, rng, step, pending)
+        except Exception as exc:
+            lost = _lost_trainer_ranks(crew.trainer, exc)
+            if not lost:
+                raise
+            step, pending = _restart_trainer(
+                prepared, crew, reporter, result, rng, origin, restarts, (step, lost, exc), pending
+            )
+            continue
+        step += 1
+    return result
+
+
+def _ready(buffered: StepRollout | None) -> Future[StepRollout] | None:
+    if buffered is None:
+        return None
+    done: Future[StepRollout] = Future()
+    done.set_result(buffered)
+    return done
+
+
+def _step(
+    prepared: Prepared,
+    options: RunOptions,
+    crew: Crew,
+    reporter: ProgressReporter,
+    result: RunResult,
+    rng: random.Random,
+    step: int,
+    pending: Future[StepRollout] | None,
+) -> Future[StepRollout] | None:
+    """One rollout step: generate (or take the rollout in flight), score, train, save on interval,
+    push the weights, evaluate, report. Returns the next step's rollout in flight (async mode)."""
+    spec = prepared.spec
+    trainer, rollout, turns, transport = crew.trainer, crew.rollout, crew.turns, crew.transport
+    total = spec.training.num_rollout
+    async_mode = spec.rollout.async_.enabled
+    t_step = time.perf_counter()
+    metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
+    batch = pending.result() if pending is not None else step_rollout(prepared, rollout)
+    pending = None  # consumed: a checkpoint of the last step must not save it as in flight
+    metrics["time/generate"] = time.perf_counter() - t0
+    if async_mode and step + 1 < total:
+        pending = next_rollout_async(prepared, rollout)  # step k+1 overlaps training on step k
+    samples = batch.samples
+    metrics.update(batch.metrics)
+    try:
         if any(s.reward is None for s in samples):  # dynamic sampling scored them as they came
             t0 = time.perf_counter()
             asyncio.run(prepared.reward.score(samples))
@@ -297,29 +369,97 @@ def _loop(
             # Async mode: the next step's rollout is already in flight; its prompts have left the
             # data source, so the generated samples are saved with the checkpoint (none is lost).
             buffer = pending.result() if pending is not None else None
-            path = _save(prepared, trainer, ckpt_root, done, rng, buffer)
+            path = _checkpoint(prepared, trainer, done, rng, buffer)
             metrics["time/save"] = time.perf_counter() - t0
-            checkpoint = (done, str(path))
-            result.last_checkpoint = str(path)
+            if path is not None:
+                checkpoint = (done, str(path))
+                result.last_checkpoint = str(path)
         push = not async_mode or done % spec.rollout.async_.update_weights_interval == 0
         if push and pending is not None:
             pending.result()  # never update weights in the middle of a generation
         sync = functools.partial(transport.push, trainer, rollout, done) if push else dict
         metrics.update(turns.to_engines(sync))
-        eval_rewards = None
-        if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
-            if pending is not None:
-                pending.result()  # a dynamic-sampling round in flight would abort the eval requests
-            eval_rewards = evaluate(prepared, rollout)
-            metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
-        metrics["time/step"] = time.perf_counter() - t_step
-        reporter.step(done, metrics, checkpoint=checkpoint, eval_rewards=eval_rewards)
-        result.history.append({"step": float(done), **metrics})
-        if options.on_step is not None:
-            options.on_step(result.history[-1])
-        result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
-        result.steps_done = done
-    return result
+    except BaseException:
+        _settle(pending)  # a restart (or the caller) must not find a generation still running
+        raise
+    eval_rewards = None
+    if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
+        if pending is not None:
+            pending.result()  # a dynamic-sampling round in flight would abort the eval requests
+        eval_rewards = evaluate(prepared, rollout)
+        metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
+    metrics["time/step"] = time.perf_counter() - t_step
+    reporter.step(done, metrics, checkpoint=checkpoint, eval_rewards=eval_rewards)
+    result.history.append({"step": float(done), **metrics})
+    if options.on_step is not None:
+        options.on_step(result.history[-1])
+    result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
+    result.steps_done = done
+    return pending
+
+
+def _settle(pending: Future[StepRollout] | None) -> None:
+    """Wait for a rollout in flight and drop it (its prompts return with the checkpoint's data position)."""
+    if pending is not None:
+        with contextlib.suppress(Exception):
+            pending.result()
+
+
+def _lost_trainer_ranks(trainer: Any, exc: Exception) -> list[int]:
+    """The trainer ranks that are gone, when ``exc`` came with (or from) their loss; else none."""
+    if isinstance(exc, RunError) or not hasattr(trainer, "lost_ranks"):
+        return []
+    try:
+        return trainer.lost_ranks()
+    except Exception:  # Ray itself failing: not a trainer loss to recover from
+        log.exception("could not check the trainer ranks after: %s", exc)
+        return []
+
+
+def _restart_trainer(
+    prepared: Prepared,
+    crew: Crew,
+    reporter: ProgressReporter,
+    result: RunResult,
+    rng: random.Random,
+    origin: tuple[dict[str, Any], Any],
+    restarts: TrainerRestarts,
+    failure: tuple[int, list[int], Exception],
+    pending: Future[StepRollout] | None,
+) -> tuple[int, Future[StepRollout] | None]:
+    """A new trainer group on the same placement, loaded from the run's latest checkpoint (or the
+    initial weights), its weights pushed to the engines; the step to go on from and its rollout in
+    flight. Raises RunError when faultTolerance.maxTrainerRestarts is used up."""
+    step, lost, exc = failure
+    checkpoint = result.last_checkpoint  # this run's latest save, or the checkpoint it resumed from
+    resume_step = store.read_driver_state(Path(checkpoint))["step"] if checkpoint else 0
+    try:
+        restart = restarts.admit(step=step, resume_step=resume_step, lost_ranks=lost, cause=one_line(exc))
+    except RestartsExhausted as exhausted:
+        raise RunError(str(exhausted)) from exc
+    message = restarts.message(restart, checkpoint)
+    log.warning("%s", message)
+    _settle(pending)
+    crew.trainer.shutdown()
+    crew.transport.trainer_replaced(crew.rollout)
+    crew.turns.make_room()  # colocated: the engines free the GPU before the new trainer takes it
+    crew.trainer = crew.turns.trainer = crew.new_trainer()
+    if checkpoint:
+        crew.trainer.load(checkpoint)
+        resume_step, buffered = _restore_driver_state(prepared, rng, Resumed(resume_step, Path(checkpoint)))
+    else:
+        data, rng_state = origin
+        prepared.source.load_state_dict(data)
+        rng.setstate(rng_state)
+        buffered = None
+    crew.turns.to_engines(functools.partial(crew.transport.push, crew.trainer, crew.rollout, resume_step))
+    # The steps after the checkpoint are done again: their first tries never reach the final model.
+    result.history[:] = [h for h in result.history if h["step"] <= resume_step]
+    del result.batches[max(0, len(result.batches) - (result.steps_done - resume_step)) :]
+    result.steps_done = resume_step
+    result.trainer_restarts.append(message)
+    reporter.trainer_restarted(restart.number, message)
+    return resume_step, _ready(buffered)
 
 
 def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict[str, float]:
@@ -387,6 +527,21 @@ def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
     return out
 
 
+def _checkpoint(
+    prepared: Prepared, trainer: Any, step: int, rng: random.Random, buffer: StepRollout | None
+) -> Path | None:
+    """Save step ``step``. A failed write (disk full, quota, I/O error) leaves the previous checkpoint
+    as the latest and training goes on, except for the last step's save, which the run needs."""
+    try:
+        return _save(prepared, trainer, Path(prepared.spec.checkpoint.path), step, rng, buffer)
+    except CheckpointWriteError as err:
+        if step == prepared.spec.training.num_rollout:
+            raise
+        print(f"checkpoint of step {step} failed, training goes on: {err}", flush=True)
+        log.warning("checkpoint of step %d failed: %s", step, err)
+        return None
+
+
 def _save(
     prepared: Prepared,
     trainer: Any,
@@ -395,24 +550,24 @@ def _save(
     rng: random.Random,
     buffer: StepRollout | None,
 ) -> Path:
-    directory = store.iteration_dir(root, step)
-    directory.mkdir(parents=True, exist_ok=True)
-    trainer.save(str(directory))
-    store.write_driver_state(
-        directory,
-        {
-            "step": step,
-            "data": prepared.source.state_dict(),
-            "rng": list(rng.getstate()[1]),
-            "rng_version": rng.getstate()[0],
-            "rollout_buffer": [sample.to_dict() for sample in buffer.samples] if buffer else [],
-            "rollout_buffer_metrics": buffer.metrics if buffer else {},
-            "rollout_buffered": buffer is not None,
-        },
-    )
-    store.mark_complete(directory)
-    store.prune(root, prepared.spec.checkpoint.max_to_keep)
-    return directory
+    """Written into a staging directory that becomes iter_<step> only once complete (store.save)."""
+
+    def write(directory: Path) -> None:
+        trainer.save(str(directory))
+        store.write_driver_state(
+            directory,
+            {
+                "step": step,
+                "data": prepared.source.state_dict(),
+                "rng": list(rng.getstate()[1]),
+                "rng_version": rng.getstate()[0],
+                "rollout_buffer": [sample.to_dict() for sample in buffer.samples] if buffer else [],
+                "rollout_buffer_metrics": buffer.metrics if buffer else {},
+                "rollout_buffered": buffer is not None,
+            },
+        )
+
+    return store.save(root, step, write, keep=prepared.spec.checkpoint.max_to_keep)
 
 
 @dataclass(frozen=True)
@@ -425,7 +580,10 @@ def _load_checkpoint(prepared: Prepared, options: RunOptions, trainer: Any) -> R
     """The latest complete checkpoint into the trainer (before the engines start: they load its HF
     export, and a colocated trainer still holds the GPU), per checkpoint.resume."""
     policy = options.resume or prepared.spec.checkpoint.resume
-    found = store.latest(prepared.spec.checkpoint.path) if policy != "never" else None
+    root = prepared.spec.checkpoint.path
+    for leftover in store.clean(root):  # a save interrupted by a crash: never loaded
+        print(f"removed an incomplete checkpoint: {leftover}", flush=True)
+    found = store.latest(root) if policy != "never" else None
     if found is None:
         if policy == "required":
             raise RunError(

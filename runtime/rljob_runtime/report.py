@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from rljob_api.contract import RUNTIME_FIELD_MANAGER, RUNTIME_MESSAGE_FIELD_MANAGER
+from rljob_api.events import event_body
 from rljob_api.resource import API_VERSION, KIND
 
 from .wandb_log import WandbLogger
@@ -28,6 +30,7 @@ log = logging.getLogger("rljob.report")
 class JobIdentity:
     name: str
     namespace: str
+    uid: str | None = None  # events carry it: `kubectl describe` matches them by uid
 
     @classmethod
     def from_env(cls) -> JobIdentity | None:
@@ -142,6 +145,8 @@ class ProgressReporter:
             self.writer = SummaryWriter(tensorboard_dir)
         self._api = None
         self._message_cleared = False
+        self._progress: dict[str, Any] = {}  # the last step's status.progress, repeated by restarts
+        self._restarts: dict[str, Any] = {}  # trainerRestarts, lastTrainerRestart once there was one
 
     def step(
         self,
@@ -168,10 +173,49 @@ class ProgressReporter:
                 checkpoint=checkpoint,
                 eval_rewards=eval_rewards,
             )
-            self._patch(doc)
+            self._progress = doc
+            # One field manager owns these fields: a field left out of an apply is removed.
+            self._patch({**doc, **self._restarts})
             if not self._message_cleared:  # the first step: the message's work is over
                 self._patch({}, manager=RUNTIME_MESSAGE_FIELD_MANAGER)
                 self._message_cleared = True
+
+    def trainer_restarted(self, count: int, message: str) -> None:
+        """An in-run trainer restart: a line, status.progress.trainerRestarts and lastTrainerRestart,
+        and a Warning event TrainerRestarted on the job."""
+        print(message, file=self.stream, flush=True)
+        if self.job is None:
+            return
+        self._restarts = {"trainerRestarts": count, "lastTrainerRestart": message[:1024]}
+        self._patch({**self._progress, **self._restarts})
+        self._event("Warning", "TrainerRestarted", message)
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        assert self.job is not None
+        try:
+            from kubernetes import client
+
+            if self._api is None:
+                self._api = _status_api()
+            body = event_body(
+                {"metadata": {"name": self.job.name, "namespace": self.job.namespace, "uid": self.job.uid}},
+                type_,
+                reason,
+                message,
+                component=RUNTIME_FIELD_MANAGER,
+                instance=socket.gethostname(),
+                action="Train",
+                now=datetime.now(UTC),
+            )
+            client.CoreV1Api(self._api.api_client).create_namespaced_event(self.job.namespace, body)
+        except Exception as exc:  # never stop training for an event
+            log.warning(
+                "could not post event %s on RLTrainingJob %s/%s: %s",
+                reason,
+                self.job.namespace,
+                self.job.name,
+                exc,
+            )
 
     def message(self, text: str) -> None:
         """A line about work before the first step (a model download): stdout and status.progress.message."""

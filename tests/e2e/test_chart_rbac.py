@@ -109,8 +109,8 @@ def _without(rules: list[dict[str, Any]], index: int, resource: str, verb: str) 
 
 
 def _workload(namespace: str) -> list[dict[str, Any]]:
-    """A job that takes every path: GPU quota (rayjobs, pods, quotas), a checkpoint claim, a runtime
-    identity, phase events."""
+    """Jobs that take every path: GPU quota (rayjobs, pods, quotas), a checkpoint claim, a runtime
+    identity, phase events, a restart."""
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -124,7 +124,11 @@ def _workload(namespace: str) -> list[dict[str, Any]]:
         "spec": {"hard": {"requests.nvidia.com/gpu": "16"}},
     }
     spec = {"checkpoint": {"path": "/ckpt", "volume": {"claimName": "ckpt"}}}
-    return [claim, quota, _in(namespace, job("probe", spec))]
+    # A Ray job that fails (exit 1: retriable) once: the operator deletes its RayJob to restart it.
+    fails = job(
+        "fails", {"faultTolerance": {"backoffLimit": 1}}, entrypoint="python -c 'raise SystemExit(1)'"
+    )
+    return [claim, quota, _in(namespace, job("probe", spec)), _in(namespace, fails)]
 
 
 @contextlib.contextmanager

@@ -43,3 +43,40 @@ def test_the_message_comes_and_goes_without_touching_the_step(
     assert progress()["step"] == 3 and progress()["rewardMean"] == 0.5
     resumed.step(4, {"reward/mean": 0.6})
     assert "message" not in progress() and progress()["step"] == 4 and progress()["updatedAt"]
+
+
+def test_a_trainer_restart_shows_in_status_and_events(
+    crd: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
+    crd.apply(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "restarts", "namespace": namespace},
+            "spec": BASE_SPEC,
+        }
+    )
+    uid = crd.get("rljob", "restarts", namespace)["metadata"]["uid"]
+    reporter = ProgressReporter(
+        10, job=JobIdentity("restarts", namespace, uid), tensorboard_dir=None, stream=io.StringIO()
+    )
+    reporter.step(4, {"reward/mean": 0.5})
+    line = "trainer restart 1 of 2: trainer rank 1 lost at step 5 (killed); going on from step 4"
+    reporter.trainer_restarted(1, line)
+
+    def progress() -> dict[str, Any]:
+        return (crd.get("rljob", "restarts", namespace) or {}).get("status", {}).get("progress", {})
+
+    assert progress()["trainerRestarts"] == 1 and progress()["lastTrainerRestart"] == line
+    assert progress()["step"] == 4  # the step fields stay
+    reporter.step(5, {"reward/mean": 0.6})  # a step's report keeps the restart fields
+    assert progress()["step"] == 5 and progress()["trainerRestarts"] == 1
+    events = [
+        e
+        for e in crd.list("event", namespace)
+        if e["involvedObject"].get("uid") == uid and e["reason"] == "TrainerRestarted"
+    ]
+    assert len(events) == 1 and events[0]["type"] == "Warning" and events[0]["message"] == line
+    described = crd.kubectl("describe", "rljob", "restarts", "-n", namespace).stdout
+    assert "TrainerRestarted" in described

@@ -105,10 +105,11 @@ def test_lifecycle_fields_come_from_the_spec() -> None:
     )
     rayjob = build_rayjob(job, BuildSettings(submission_mode="K8sJobMode"), suspend=True)
     spec = rayjob["spec"]
+    # backoffLimit: the operator restarts the job itself (KubeRay would retry every failure)
     assert (spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"], spec["backoffLimit"]) == (
         3600,
         60,
-        2,
+        0,
     )
     assert spec["shutdownAfterJobFinishes"] is True and spec["suspend"] is True
     assert spec["submissionMode"] == "K8sJobMode"
@@ -204,5 +205,8 @@ def test_runtime_may_only_touch_its_own_job_status() -> None:
     status_rule = role["rules"][0]
     assert status_rule["resources"] == ["rltrainingjobs/status"]
     assert status_rule["resourceNames"] == ["job-a"] and status_rule["verbs"] == ["get", "patch"]
+    # events: create only (a trainer restart is announced on the job); nothing else in the namespace
+    assert role["rules"][2] == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    assert len(role["rules"]) == 3
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "job-a-runtime", "namespace": "ml"}]
     assert build_runtime_rbac(job_from_spec({"resources": {"serviceAccountName": "mine"}})) == []

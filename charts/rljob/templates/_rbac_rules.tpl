@@ -18,10 +18,11 @@ away in turn and shows which part of the operator breaks, so no rule here is dea
 - apiGroups: [rljob.dev]
   resources: [rltrainingjobs/finalizers]
   verbs: [update]
-# The RayJob each job runs on: server-side applied (create, patch), read, watched, listed for quota.
+# The RayJob each job runs on: server-side applied (create, patch), read, watched, listed for quota;
+# deleted when the job restarts after a retriable failure (a new RayJob resumes from the checkpoint).
 - apiGroups: [ray.io]
   resources: [rayjobs]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 # The runtime's own identity per job: a ServiceAccount, a Role and a RoleBinding.
 - apiGroups: [""]
   resources: [serviceaccounts]

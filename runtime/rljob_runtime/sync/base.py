@@ -86,6 +86,9 @@ class WeightTransport(abc.ABC):
     def close(self) -> None:  # noqa: B027 (optional hook: most transports hold nothing)
         """Free what the transport holds (scratch files, a weight-update group)."""
 
+    def trainer_replaced(self, rollout: RolloutSide) -> None:  # noqa: B027 (optional hook, as close)
+        """The trainer group was restarted: forget what was set up with the old one."""
+
 
 def nbytes(named: Mapping[str, Any]) -> int:
     return sum(int(t.numel()) * int(t.element_size()) for t in named.values())

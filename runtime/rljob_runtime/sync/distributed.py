@@ -120,6 +120,13 @@ class DistributedTransport(WeightTransport):
             return 0.0
         return float(result[0]["bytes"])
 
+    def trainer_replaced(self, rollout: RolloutSide) -> None:
+        """The group's host (the old trainer rank 0) is gone: the engines leave its group, and the
+        next push builds one with the new rank 0."""
+        if self._group is not None:
+            self._leave(rollout, self._group, list(rollout.engine_tp_sizes()))
+        self._group, self._group_epoch, self._specs = None, -1, None
+
     def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
         metrics: Metrics = {"time/sync_group_init": self._ensure_group(trainer, rollout)}
         try:

@@ -326,6 +326,23 @@ class TrainerGroup:
     def set_seed(self, seed: int) -> None:
         _gather(self._submit(lambda: [a.set_seed.remote(seed) for a in self.actors]))
 
+    def lost_ranks(self, timeout_s: float = 10.0) -> list[int]:
+        """Ranks whose process is gone (killed, its node lost). A rank busy in a long call does not
+        answer within ``timeout_s`` and counts as alive: only a dead actor answers with an error."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [actor.__ray_ready__.remote() for actor in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        lost = []
+        for rank, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    lost.append(rank)
+        return lost
+
     def shutdown(self) -> None:
         """Leave the process group and kill every rank (idempotent)."""
         import ray

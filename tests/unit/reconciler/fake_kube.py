@@ -19,7 +19,8 @@ Modelled (what the Reconciler's correctness depends on):
 Not modelled: admission (CEL rules, ResourceQuota enforcement, webhooks), RBAC (a 403 happens only
 when injected), field-ownership conflicts without force, list-type semantics of SSA (lists are
 replaced whole, never merged by key), defaulting and pruning by schemas, watches, resourceVersion
-preconditions, set-based selectors, finalizers and deletionTimestamp, and the controllers
+preconditions (but delete_rayjob's uid precondition), set-based selectors, finalizers and
+deletionTimestamp (but a RayJob deleted with `slow_deletes`), and the controllers
 themselves: the tests play KubeRay, Kueue, the kubelet and the runtime with the helpers below.
 """
 
@@ -132,6 +133,7 @@ class FakeKube:
         self._failures: list[_Failure] = []
         self._seq = 0  # write order, for the SSA merge and resourceVersions
         self._clock = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+        self.slow_deletes = False  # delete_rayjob leaves the RayJob terminating (see there)
 
     # --- failure injection and call log ---
 
@@ -189,6 +191,21 @@ class FakeKube:
     async def list_rayjobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self._enter("list_rayjobs", namespace, selector)
         return self._list(RAYJOB, namespace, selector)
+
+    async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
+        """Gone at once, or, with `slow_deletes` (KubeRay's finalizer, the foreground deletion of its
+        Ray cluster), still there with a deletionTimestamp until the test calls `delete`."""
+        self._enter("delete_rayjob", namespace, name, uid)
+        stored = self.store.get((RAYJOB, namespace, name))
+        if stored is None:
+            return
+        if stored.obj["metadata"]["uid"] != uid:
+            message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+            raise api_error(409, "Conflict", message + stored.obj["metadata"]["uid"])
+        if self.slow_deletes:
+            stored.obj["metadata"].setdefault("deletionTimestamp", self._clock.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            return
+        self.delete(RAYJOB, namespace, name)
 
     async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:
         self._enter("list_quotas", namespace)
@@ -261,7 +278,9 @@ class FakeKube:
         for _, applied in sorted(stored.writes.values(), key=lambda w: w[0]):
             _merge(new, copy.deepcopy(applied))
         server = {
-            k: old["metadata"][k] for k in ("uid", "creationTimestamp", "generation", "resourceVersion")
+            k: old["metadata"][k]
+            for k in ("uid", "creationTimestamp", "generation", "resourceVersion", "deletionTimestamp")
+            if k in old["metadata"]
         }
         server["managedFields"] = [{"manager": m, "subresource": s} for m, s in stored.writes]
         new["metadata"] |= server
