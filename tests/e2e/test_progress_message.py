@@ -16,18 +16,22 @@ from spec_cases import BASE_SPEC
 pytestmark = pytest.mark.e2e
 
 
-def test_the_message_comes_and_goes_without_touching_the_step(
-    crd: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
+def _apply_job(crd: Any, name: str, namespace: str) -> None:
     crd.apply(
         {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            "metadata": {"name": "msg", "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": BASE_SPEC,
         }
     )
+
+
+def test_the_message_comes_and_goes_without_touching_the_step(
+    crd: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
+    _apply_job(crd, "msg", namespace)
     job = JobIdentity("msg", namespace)
 
     def progress() -> dict[str, Any]:
@@ -49,14 +53,7 @@ def test_a_trainer_restart_shows_in_status_and_events(
     crd: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
-    crd.apply(
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": "restarts", "namespace": namespace},
-            "spec": BASE_SPEC,
-        }
-    )
+    _apply_job(crd, "restarts", namespace)
     uid = crd.get("rljob", "restarts", namespace)["metadata"]["uid"]
     reporter = ProgressReporter(
         10, job=JobIdentity("restarts", namespace, uid), tensorboard_dir=None, stream=io.StringIO()

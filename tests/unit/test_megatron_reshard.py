@@ -248,9 +248,24 @@ def _failing_open(real_open: Any) -> Any:
     return fake
 
 
-def _two_ranks(rank: int, port: int, model_dir: str, root: str) -> None:
+def _save_with_rank1_failing(r: Any, rank: int, path: Path) -> tuple[str, bool, str] | None:
+    """Save with rank 1's writes failing: None if this rank's save returned, else (the exception's
+    type, whether it is a CheckpointWriteError, its message)."""
     import builtins
 
+    real_open = builtins.open
+    if rank == 1:
+        builtins.open = _failing_open(real_open)  # type: ignore[assignment]
+    try:
+        r.save(str(path))
+        return None
+    except Exception as exc:
+        return (type(exc).__name__, isinstance(exc, CheckpointWriteError), str(exc))
+    finally:
+        builtins.open = real_open  # type: ignore[assignment]
+
+
+def _two_ranks(rank: int, port: int, model_dir: str, root: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     cpu_training()
     out: dict[str, Any] = {}
@@ -273,16 +288,7 @@ def _two_ranks(rank: int, port: int, model_dir: str, root: str) -> None:
         res["after2"] = gathered_state(r)["weights"]
         out[name] = res
     # Rank 1 cannot write its shards: both ranks must raise, neither may wait for the other.
-    real_open = builtins.open
-    if rank == 1:
-        builtins.open = _failing_open(real_open)  # type: ignore[assignment]
-    try:
-        r.save(str(base / "full"))
-        out["failed"] = None
-    except Exception as exc:
-        out["failed"] = (type(exc).__name__, isinstance(exc, CheckpointWriteError), str(exc))
-    finally:
-        builtins.open = real_open  # type: ignore[assignment]
+    out["failed"] = _save_with_rank1_failing(r, rank, base / "full")
     torch.save(out, base / f"result.{rank}")
     dist.destroy_process_group()
 
@@ -446,7 +452,6 @@ GPU_CHAINS = (("fully_reshardable", "float32", "tied"), ("fully_reshardable", "b
 def _gpu_ranks(rank: int, port: int, root: str, chains: tuple[tuple[str, str, str], ...]) -> None:
     """The chain of ``_two_ranks`` through the GPU path: NCCL, MegatronTrainerRank.init_process_group,
     the distributed optimizer (each chain with its checkpoint format for it)."""
-    import builtins
     import os
     import traceback
 
@@ -485,16 +490,7 @@ def _gpu_ranks(rank: int, port: int, root: str, chains: tuple[tuple[str, str, st
                 res["m2"] = step(r, -ADV)
                 res["after2"] = r.named_tensors()
                 out[layout] = res
-            real_open = builtins.open
-            if rank == 1:
-                builtins.open = _failing_open(real_open)  # type: ignore[assignment]
-            try:
-                r.save(str(ckpt / "full"))
-                out["failed"] = None
-            except Exception as exc:
-                out["failed"] = (type(exc).__name__, isinstance(exc, CheckpointWriteError), str(exc))
-            finally:
-                builtins.open = real_open  # type: ignore[assignment]
+            out["failed"] = _save_with_rank1_failing(r, rank, ckpt / "full")
         except Exception:
             out["error"] = traceback.format_exc()
             print(f"rank {rank} {name}:\n{out['error']}", flush=True)
