@@ -21,6 +21,9 @@ from .spec import RLTrainingJobSpec
 
 JOB_ENV = "RLJOB_JOB"
 ENTRYPOINT = f"rljob-runtime train --config env:{JOB_ENV}"
+# Set ("1") on the training RayJob when the operator's MegatronCheckpoint conversion job put
+# model.path's Megatron checkpoint in the model cache: the runtime starts from it.
+MEGATRON_CACHE_ENV = "RLJOB_MEGATRON_CACHE"
 OPERATOR_FIELD_MANAGER = "rljob-operator"
 RUNTIME_FIELD_MANAGER = "rljob-runtime"
 # status.progress.message (work before the first step, e.g. a model download) has a manager of

@@ -12,6 +12,7 @@ restarts the whole job (up to faultTolerance.backoffLimit) for every failure but
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rljob_api.describe import describe
@@ -172,10 +173,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="patch the RLTrainingJob's status.progress (auto: when the config comes from env:)",
     )
     train.set_defaults(run=_train)
+    convert = commands.add_parser(
+        "convert",
+        help="convert checkpoints: hf-to-dist, dist-to-hf, verify, megatron-cache, export "
+        "(the operator's conversion jobs run this)",
+        description="Checkpoint conversions (python -m rljob_runtime.convert); `convert -h` lists them.",
+        add_help=False,  # -h goes to the conversion CLI
+    )
+    convert.add_argument("args", nargs=argparse.REMAINDER)
+    convert.set_defaults(run=_convert)
     return parser
 
 
+def _convert(args: argparse.Namespace) -> int:
+    # Before anything initialises CUDA: conversion is CPU work (gloo), whatever the node has.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    from .convert import main as convert_main
+
+    return convert_main(args.args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:  # everything after it, -h too, is the conversion CLI's
+        return _convert(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.run(args)
 

@@ -5,6 +5,8 @@ conversion against its source.
     python -m rljob_runtime.convert hf-to-dist --model HF_DIR --out DIST_DIR [--tp N --pp N] [--dtype D]
     python -m rljob_runtime.convert dist-to-hf --checkpoint DIST_DIR --model HF_DIR --out HF_OUT [--dtype D]
     python -m rljob_runtime.convert verify --checkpoint DIST_OR_HF_DIR --model HF_DIR [--atol X]
+    python -m rljob_runtime.convert megatron-cache --model MODEL [--tp N --pp N] [--trust-remote-code]
+    python -m rljob_runtime.convert export --checkpoints DIR --step N --out OUT [--model MODEL]
 
 ``hf-to-dist`` builds the Megatron GPTModel at TP 1 / PP 1 in one CPU process (gloo), loads the HF
 weights (``trainer/megatron/model.load_hf_weights``: the same name and shape mapping the trainer
@@ -31,6 +33,18 @@ tensor's max abs difference, exit status 1 naming the first tensor over ``--atol
 or missing or of another shape. Run it after ``dist-to-hf`` of a fresh conversion, or after
 ``hf-to-dist`` (which runs it itself).
 
+``megatron-cache`` and ``export`` are what the operator's conversion jobs run (their last line is the
+job's result: success, or ``conversion failed: ...`` / ``export failed: ...`` naming the tensor or
+file, exit status 1). ``megatron-cache`` resolves ``model.path`` (a hub id downloads into $HF_HOME)
+and converts it once into the model cache (``megatron_cache.py``: one directory per weights
+revision, reused by every later job, a file lock against two jobs converting it at once).
+``--trust-remote-code`` is accepted as training accepts it and changes nothing: the conversion reads
+config.json and the safetensors and runs no model code. ``export`` writes the saved iteration N of a
+run as a Hugging Face directory at OUT: dist-to-hf of ``iter_N/dist`` (megatron backend; the result
+is compared with ``iter_N/model`` too) or a checked copy of ``iter_N/model`` (torch backend), with
+the record ``rljob-export.json`` written last and the directory renamed into place; run again, it
+reuses its own result.
+
 Everything runs on CPU: the CLI hides GPUs from itself. Memory: the whole model once as HF tensors
 plus once as the Megatron model (three times for dist-to-hf while writing).
 """
@@ -43,7 +57,9 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,10 +67,16 @@ from typing import Any
 import torch
 
 Tensors = dict[str, torch.Tensor]
+EXPORT_RECORD = "rljob-export.json"
 
 
 class ConversionError(RuntimeError):
     """A conversion or verification failed; the message names the tensor or file."""
+
+
+# Called with the staging directory and the comparison once a conversion is checked, before the
+# rename: what a caller adds there (a completion record) is in place when the directory appears.
+Finish = Callable[[Path, "Comparison"], None]
 
 
 # -------------------------------------------------------------------------------- comparison
@@ -235,6 +257,28 @@ def _staging(out: Path) -> Iterator[Path]:
         raise
 
 
+def _staging_leftovers(out: Path) -> list[Path]:
+    """Staging directories of ``_staging(out)`` that an interrupted process left behind."""
+    return sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _check_layout(model_dir: Path, tp: int, pp: int) -> Any:
+    """The model's shape, once it is known to split over the job's layout (numbers named)."""
+    from .trainer.megatron.arch import model_shape
+    from .trainer.megatron.parallel import validate_parallelism
+
+    shape = model_shape(_read_config(model_dir))
+    validate_parallelism(shape, tp=tp, pp=pp, gpus=tp * pp)
+    return shape
+
+
 def _megatron_model(shape: Any, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
     """The whole model as one rank (TP 1, PP 1) on CPU, inside ``cpu_world``."""
     from .trainer.megatron.model import build_gpt_model, init_model_parallel
@@ -281,19 +325,22 @@ def read_dist_as_hf(checkpoint: str | Path, model_dir: str | Path) -> Tensors:
 
 
 def hf_to_dist(
-    model_dir: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1, dtype: str | None = None
+    model_dir: str | Path,
+    out: str | Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: str | None = None,
+    finish: Finish | None = None,
 ) -> Comparison:
     """Convert an HF directory to a torch_dist checkpoint at ``out`` (see the module docstring);
     returns the read-back comparison (exact unless ``dtype`` rounds)."""
-    from .trainer.megatron.arch import model_shape
     from .trainer.megatron.checkpoint import read_hf_state
     from .trainer.megatron.dist_checkpoint import save_model
     from .trainer.megatron.model import load_hf_weights
-    from .trainer.megatron.parallel import validate_parallelism
 
     model_dir, out = Path(model_dir), Path(out)
-    shape = model_shape(_read_config(model_dir))
-    validate_parallelism(shape, tp=tp, pp=pp, gpus=tp * pp)  # the job's layout must fit (numbers named)
+    shape = _check_layout(model_dir, tp, pp)  # the job's layout must fit (numbers named)
     hf = read_hf_state(model_dir)
     if "model.embed_tokens.weight" not in hf:
         raise ConversionError(f"{model_dir}: no tensor model.embed_tokens.weight in its safetensors")
@@ -312,11 +359,18 @@ def hf_to_dist(
         source = {k: v.to(back[k].dtype) if k in back else v for k, v in hf.items()}
         result = compare(back, source, ignore=_tied_alias(shape))
         _check(result, f"hf-to-dist {model_dir} -> {out}: read back")
+        if finish is not None:
+            finish(tmp, result)
     return result
 
 
 def dist_to_hf(
-    checkpoint: str | Path, model_dir: str | Path, out: str | Path, *, dtype: str | None = None
+    checkpoint: str | Path,
+    model_dir: str | Path,
+    out: str | Path,
+    *,
+    dtype: str | None = None,
+    finish: Finish | None = None,
 ) -> Comparison:
     """Convert a torch_dist checkpoint to an HF directory at ``out`` (see the module docstring); returns
     the comparison of the written safetensors with the checkpoint's tensors."""
@@ -333,6 +387,8 @@ def dist_to_hf(
         write_hf_model(named, model_dir, tmp)
         result = compare(read_hf_state(tmp), named)
         _check(result, f"dist-to-hf {checkpoint} -> {out}: written safetensors")
+        if finish is not None:
+            finish(tmp, result)
     return result
 
 
@@ -351,6 +407,170 @@ def verify(checkpoint: str | Path, model_dir: str | Path, *, atol: float = 0.0) 
         converted = read_hf_state(path)
     shape = model_shape(_read_config(model_dir))
     return compare(converted, source, atol=atol, ignore=_tied_alias(shape))
+
+
+# ------------------------------------------------------------------------ conversion jobs
+
+
+def megatron_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
+    """Convert ``model`` (model.path: a directory or a hub id) into the model cache unless a complete
+    conversion of the same weights is there (``megatron_cache.py``); returns the line to print."""
+    from . import megatron_cache as cache
+    from .models import file_lock, resolve_model
+
+    source = resolve_model(model)
+    _check_layout(source, tp, pp)  # refused before waiting for a lock, reused or not
+    target = cache.converted_dir(source)
+
+    def waiting() -> None:
+        print(f"waiting for another job converting {source} into {target}", flush=True)
+
+    with file_lock(cache.lock_path(target), on_wait=waiting):
+        record = cache.read_record(target)
+        if record is not None:
+            return f"reused {target} (converted {record.get('converted_at', 'at an unknown time')})"
+        # What an interrupted conversion left: a directory without its record, staging directories.
+        for leftover in [target, *_staging_leftovers(target)]:
+            if os.path.lexists(leftover):
+                print(f"removing an incomplete conversion: {leftover}", flush=True)
+                _remove(leftover)
+
+        def finish(tmp: Path, result: Comparison) -> None:
+            cache.write_record(tmp, cache.make_record(source, result.summary(), model=model))
+
+        result = hf_to_dist(source, target, tp=tp, pp=pp, finish=finish)
+    return f"converted {model} -> {target}: {result.summary()}"
+
+
+def export_iteration(checkpoints: str | Path, step: int, out: str | Path, *, model: str | None = None) -> str:
+    """Write the saved iteration ``step`` under ``checkpoints`` as an HF directory at ``out`` (see the
+    module docstring); returns the line to print. A lock beside ``out`` serializes two exports to it."""
+    from .models import file_lock
+
+    root, out = Path(checkpoints), Path(os.path.abspath(out))
+    with file_lock(out.parent / f".{out.name}.lock"):
+        if os.path.lexists(out):
+            return _reused_export(out, root, step)
+        iteration = _complete_iteration(root, step)
+        for leftover in _staging_leftovers(out):  # of an interrupted export to the same place
+            _remove(leftover)
+        if (iteration / "dist").is_dir():
+            kind, summary = "dist", _export_dist(iteration, out, root, step, model)
+        else:
+            kind, summary = "model", _export_model(iteration, out, root, step)
+    return f"exported {iteration.name} ({kind}) -> {out}: {summary}"
+
+
+def _export_record(tmp: Path, root: Path, step: int, kind: str, summary: str) -> None:
+    from .checkpoint import store
+
+    record = {
+        "checkpoints": str(root.resolve()),
+        "step": step,
+        "iteration": store.iteration_dir(root, step).name,
+        "source": kind,
+        "summary": summary,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def _reused_export(out: Path, root: Path, step: int) -> str:
+    """``reused OUT`` when ``out`` is this very export (a retried job); else refused, saying what it is."""
+    from .checkpoint import store
+
+    name = store.iteration_dir(root, step).name
+    try:
+        record = json.loads((out / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        found = f"it has no readable {EXPORT_RECORD}"
+    elif record.get("step") == step and os.path.realpath(str(record.get("checkpoints"))) == os.path.realpath(
+        root
+    ):
+        return f"reused {out}"
+    else:
+        found = f"it holds {record.get('iteration')} of {record.get('checkpoints')}"
+    raise ConversionError(
+        f"{out} exists and is not an export of {name} of {root} ({found}): remove it or set "
+        "checkpoint.export.path"
+    )
+
+
+def _complete_iteration(root: Path, step: int) -> Path:
+    """The iteration directory of ``step`` when the store's marker says it is complete; else refused
+    with the completed steps that exist (older ones may have been pruned by maxToKeep)."""
+    from .checkpoint import store
+
+    iteration = store.iteration_dir(root, step)
+    if (iteration / store.COMPLETE).is_file():
+        return iteration
+    if not root.is_dir():
+        why = f"the checkpoint directory {root} does not exist"
+    elif iteration.is_dir():
+        why = f"{iteration} has no {store.COMPLETE} marker (a save that did not finish)"
+    else:
+        why = f"{iteration} does not exist"
+    steps = ", ".join(str(s) for s in store.completed_steps(root)) or "none"
+    raise ConversionError(
+        f"{iteration.name} is not a complete checkpoint: {why}; completed steps under {root}: {steps} "
+        "(checkpoint.maxToKeep prunes older ones)"
+    )
+
+
+def _export_dist(iteration: Path, out: Path, root: Path, step: int, model: str | None) -> str:
+    """dist-to-hf of the iteration's dist/, also compared with its model/ export when it has one."""
+    from .checkpoint import store
+    from .models import resolve_model
+    from .trainer.megatron.arch import model_shape
+    from .trainer.megatron.checkpoint import read_hf_state
+
+    saved = store.model_dir(iteration)
+    if (saved / "config.json").is_file():
+        config_dir = saved  # the config and tokenizer the run itself saved
+    elif model:
+        config_dir = resolve_model(model)
+    else:
+        raise ConversionError(
+            f"{iteration} has no model/config.json: give --model (the job's model.path) for the config "
+            "and tokenizer files"
+        )
+    summaries: list[str] = []
+
+    def finish(tmp: Path, result: Comparison) -> None:
+        summary = f"{result.summary()} against dist/"
+        if any(saved.glob("*.safetensors")):
+            written = read_hf_state(tmp)
+            # model/ as the export holds it: cast to the export's dtype (the config's), then exact.
+            source = {
+                k: v.to(written[k].dtype) if k in written else v for k, v in read_hf_state(saved).items()
+            }
+            ignore = _tied_alias(model_shape(_read_config(config_dir)))
+            against = compare(written, source, ignore=ignore)
+            _check(against, f"export {iteration.name} -> {out}: against {saved}")
+            summary += f"; {against.summary()} against model/"
+        _export_record(tmp, root, step, "dist", summary)
+        summaries.append(summary)
+
+    dist_to_hf(iteration / "dist", config_dir, out, finish=finish)
+    return summaries[0]
+
+
+def _export_model(iteration: Path, out: Path, root: Path, step: int) -> str:
+    """A copy of the iteration's model/ (torch backend), every tensor compared with the source."""
+    from .checkpoint import store
+    from .trainer.megatron.checkpoint import read_hf_state
+
+    saved = store.model_dir(iteration)
+    if not (saved / "config.json").is_file():
+        raise ConversionError(f"{iteration} has neither dist/ nor model/config.json: nothing to export")
+    with _staging(out) as tmp:
+        shutil.copytree(saved, tmp, dirs_exist_ok=True)
+        result = compare(read_hf_state(tmp), read_hf_state(saved))
+        _check(result, f"export {iteration.name} -> {out}: copy of {saved}")
+        _export_record(tmp, root, step, "model", result.summary())
+    return result.summary()
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -377,12 +597,61 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--checkpoint", required=True, help="torch_dist or HF directory to check")
     ver.add_argument("--model", required=True, help="the HF directory it should equal")
     ver.add_argument("--atol", type=float, default=0.0, help="largest abs difference allowed (default 0)")
+    cache = sub.add_parser(
+        "megatron-cache", help="model.path -> torch_dist in the model cache, once per revision"
+    )
+    cache.add_argument("--model", required=True, help="the job's model.path: a directory or a hub id")
+    cache.add_argument("--tp", type=int, default=1, help="tensor parallel size the job uses (checked only)")
+    cache.add_argument("--pp", type=int, default=1, help="pipeline parallel size the job uses (checked only)")
+    cache.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accepted as training accepts it (no model code runs)",
+    )
+    exp = sub.add_parser("export", help="a run's saved iteration -> HF directory")
+    exp.add_argument("--checkpoints", required=True, help="the run's checkpoint.path")
+    exp.add_argument("--step", type=int, required=True, help="the iteration to export (iter_<step>)")
+    exp.add_argument("--out", required=True, help="new directory for the HF model (parents are created)")
+    exp.add_argument(
+        "--model", help="the job's model.path, for config and tokenizer when the iteration has no model/"
+    )
     return parser
+
+
+# The failure line of each conversion job's command: the operator shows the last line in the status.
+_JOB_FAILURE = {"megatron-cache": "conversion failed", "export": "export failed"}
+_EXPECTED_ERRORS = (ConversionError, FileNotFoundError, ValueError, KeyError)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join((str(exc) or type(exc).__name__).split())[:1000]
+
+
+def _job_command(args: argparse.Namespace) -> str:
+    if args.command == "megatron-cache":
+        return megatron_cache(args.model, tp=args.tp, pp=args.pp)
+    return export_iteration(args.checkpoints, args.step, args.out, model=args.model)
+
+
+def _run_job_command(args: argparse.Namespace) -> int:
+    """A conversion job's command: its result is one line, the last one, on success and on any failure."""
+    try:
+        line = _job_command(args)
+    except Exception as exc:
+        if not isinstance(exc, _EXPECTED_ERRORS):  # a bug or an environment problem: keep its traceback
+            traceback.print_exc()
+        sys.stdout.flush()  # what went to stdout before must not come after the reason
+        print(f"{_JOB_FAILURE[args.command]}: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 1
+    print(line, flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0 on success; 1 with a one-line reason (the last line) on failure."""
     args = _parser().parse_args(argv)
+    if args.command in _JOB_FAILURE:
+        return _run_job_command(args)
     try:
         if args.command == "hf-to-dist":
             result = hf_to_dist(args.model, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype)

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import os
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.support import unsupported
 
@@ -82,7 +84,9 @@ class RunResult:
 
 
 def prepare(spec: RLTrainingJobSpec) -> Prepared:
-    """Fail fast: unsupported options, the model, the tokenizer, the data and the reward."""
+    """Fail fast: unsupported options, the model, the tokenizer, the data and the reward. The returned
+    spec is the one to run: it may start the megatron trainer from the model cache
+    (``use_megatron_cache``)."""
     check_spec(spec)
     model_path = str(resolve_model(spec.model.path))
     if spec.algorithm.advantage_estimator == "ppo" and spec.algorithm.critic.path:
@@ -92,6 +96,7 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     if spec.training.backend == "megatron":
         check_megatron_layout(spec, model_path)
         check_megatron_installed()
+        spec = use_megatron_cache(spec, model_path)
         if spec.model.megatron_checkpoint is not None:
             check_megatron_checkpoint(str(spec.model.megatron_checkpoint))
     if spec.rollout.engine == "sglang":
@@ -156,6 +161,28 @@ def check_megatron_checkpoint(path: str) -> None:
         find_dist_checkpoint(path)
     except FileNotFoundError as err:
         raise RunError(f"model.megatronCheckpoint: {err}") from err
+
+
+def use_megatron_cache(spec: RLTrainingJobSpec, model_path: str) -> RLTrainingJobSpec:
+    """``spec`` starting from the conversion of model.path that the operator's conversion job wrote
+    into the model cache, when the operator says it ran one (MEGATRON_CACHE_ENV) and the spec names
+    no model.megatronCheckpoint of its own; else ``spec`` unchanged."""
+    from .megatron_cache import converted_dir, is_converted
+
+    if os.environ.get(MEGATRON_CACHE_ENV) != "1" or spec.model.megatron_checkpoint is not None:
+        return spec
+    converted = converted_dir(Path(model_path))
+    if not is_converted(converted):
+        raise RunError(
+            f"the converted Megatron checkpoint of {model_path} that the conversion job made is missing at "
+            f"{converted} (removed from the model cache since?): create the job again, and its conversion "
+            "job converts the model again; or unset resources.modelCache"
+        )
+    print(f"model.path {spec.model.path}: starting from its Megatron conversion {converted}", flush=True)
+    # model_copy without validation: only the field the operator's conversion stands for changes (a
+    # str, as the spec's paths are).
+    model = spec.model.model_copy(update={"megatron_checkpoint": str(converted)})
+    return spec.model_copy(update={"model": model})
 
 
 def check_sglang() -> None:
