@@ -19,7 +19,9 @@ from typing import Any
 
 import yaml
 
+from rljob_api.contract import RLJOB_CACHE
 from rljob_operator.checks import check_name, check_references
+from rljob_operator.conversions import export_conversion, megatron_conversion
 from rljob_operator.job import job_from_object
 from rljob_operator.names import rayjob_name
 from rljob_operator.quota import JobDemand, Quota, decide
@@ -102,6 +104,32 @@ def rayjob(obj: Obj, deployment: str, job_status: str = "", suspend: bool = Fals
     }
 
 
+def conversion(name: str, deployment: str, job_status: str = "", **status: Any) -> Obj:
+    """A conversion's RayJob as the operator reads it."""
+    return {
+        "metadata": {"name": name},
+        "spec": {},
+        "status": {"jobDeploymentStatus": deployment, "jobStatus": job_status, **status},
+    }
+
+
+def converted(obj: Obj, minutes: int, deployment: str, job_status: str = "", **status: Any) -> Obj:
+    """A pass that saw the MegatronCheckpoint conversion's RayJob in this state (no training RayJob yet)."""
+    want = megatron_conversion(job_from_object(obj), RLJOB_CACHE)
+    seen = {want.name: conversion(want.name, deployment, job_status, **status)}
+    return reconcile(obj, minutes, wanted=(want,), conversions=seen)
+
+
+def exported(
+    obj: Obj, minutes: int, training: Obj, deployment: str, job_status: str = "", **status: Any
+) -> Obj:
+    """A pass after training succeeded that saw the final export's RayJob in this state."""
+    job = job_from_object(obj)
+    want = export_conversion(job, job.spec.training.num_rollout)
+    seen = {want.name: conversion(want.name, deployment, job_status, **status)}
+    return reconcile(obj, minutes, rayjob=training, wanted=(want,), conversions=seen)
+
+
 def cases() -> dict[str, Obj]:
     """name -> object, in the order of a job's life."""
     new = applied()
@@ -130,11 +158,30 @@ def cases() -> dict[str, Obj]:
     long_name = applied()
     long_name["metadata"]["name"] = "qwen3-4b-math-dapo-17k-tp2-colocated-lr1e-6-kl0001-run3"
     kueue_pending = reconcile(kueue, 1)
+    bad_model = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+        "conversion failed: model.layers.3.mlp.up_proj.weight: shape (9728, 2560) != (9728, 2048)"
+    )
+    export = {**new["spec"]["checkpoint"], "export": {"huggingFace": True}}
+    with_export = report(reconcile(applied(checkpoint=export), 1), 7200, 3000, 0.6903, checkpoint=3000)
+    disk_full = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+        "export failed: /shared/checkpoints/qwen3-4b-math/hf/iter_0003000: [Errno 28] No space left on device"
+    )
     return {
         "no-status": new,
         "pending": pending,
         "queued-quota": queued,
         "queued-kueue": reconcile(kueue_pending, 2, rayjob=rayjob(kueue, "Suspended", suspend=True)),
+        "converting": converted(pending, 2, "Running", "RUNNING"),
+        "converting-failed": converted(
+            converted(pending, 2, "Running", "RUNNING"),
+            4,
+            "Failed",
+            "FAILED",
+            reason="AppFailed",
+            message=bad_model,
+        ),
         "starting": starting,
         "running-first-step": first_step,
         "running": running,
@@ -142,6 +189,19 @@ def cases() -> dict[str, Obj]:
         "stale-generation": stale,
         "suspended": reconcile(stale, 423, rayjob=suspended_rayjob),
         "succeeded": reconcile(last, 7201, rayjob=done),
+        "exporting": exported(with_export, 7201, done, "Running", "RUNNING"),
+        "exported": exported(
+            exported(with_export, 7201, done, "Running", "RUNNING"), 7210, done, "Complete", "SUCCEEDED"
+        ),
+        "export-failed": exported(
+            exported(with_export, 7201, done, "Running", "RUNNING"),
+            7205,
+            done,
+            "Failed",
+            "FAILED",
+            reason="AppFailed",
+            message=disk_full,
+        ),
         # backoffLimit 0: the first failure is final (with restarts left, the operator restarts it).
         "failed": reconcile(without_restarts(running), 900, rayjob=crashed),
         "failed-name-too-long": reconcile(long_name, 1, blocker=check_name(job_from_object(long_name))),

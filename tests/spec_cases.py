@@ -120,17 +120,36 @@ RULE_CASES = [
         "not supported by this runtime yet: rollout.partialRollout; leave it false",
     ),
     Case(
-        "checkpoint-export-not-yet",
+        "export-needs-checkpoint-volume",
         {"checkpoint": {"export": {"huggingFace": True}}},
         "spec.checkpoint.export",
-        "not supported by this runtime yet: checkpoint.export",
-        {"checkpoint": {"export": {"huggingFace": False}}},
+        "checkpoint.export needs checkpoint.volume",
+        {"checkpoint": {"export": {"huggingFace": True}, "volume": {"claimName": "ckpt"}}},
     ),
     Case(
-        "checkpoint-export-path-not-yet",
-        {"checkpoint": {"export": {"path": "/shared/hf"}}},
-        "spec.checkpoint.export",
-        "not supported by this runtime yet: checkpoint.export",
+        "export-path-on-a-volume",
+        {"checkpoint": {"volume": {"claimName": "ckpt"}, "export": {"steps": [1], "path": "/scratch/hf"}}},
+        "spec.checkpoint.export.path",
+        "checkpoint.export.path must lie below checkpoint.path or below the mountPath of a writable "
+        "persistentVolumeClaim",
+        {
+            "checkpoint": {
+                "volume": {"claimName": "ckpt"},
+                "export": {"steps": [1], "path": "/shared/out/hf"},
+            },
+            "resources": {
+                "volumes": [
+                    {"name": "out", "mountPath": "/shared/out", "persistentVolumeClaim": {"claimName": "o"}}
+                ]
+            },
+        },
+    ),
+    Case(
+        "export-steps-within-the-run",
+        {"checkpoint": {"volume": {"claimName": "ckpt"}, "export": {"steps": [101]}}},
+        "spec.checkpoint.export.steps",
+        "every step must be at most training.numRollout",
+        {"checkpoint": {"volume": {"claimName": "ckpt"}, "export": {"steps": [100]}}},
     ),
     Case(
         "context-parallel-not-yet",

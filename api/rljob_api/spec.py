@@ -9,7 +9,7 @@ from pydantic import Field
 from .base import ApiModel, LabelName, section
 from .rules import Rule, immutable
 from .spec_algorithm import AlgorithmSpec
-from .spec_ops import CheckpointSpec, FaultToleranceSpec
+from .spec_ops import EXPORT_RULES, CheckpointSpec, FaultToleranceSpec
 from .spec_resources import ResourcesSpec
 from .spec_rollout import RolloutSpec
 from .spec_training import TrainingSpec
@@ -98,6 +98,7 @@ _SPEC_RULES = (
     *SUPPORT_RULES,
     immutable("model", "model", hint="a different model is a different job; create a new RLTrainingJob"),
     *CHECKPOINT_MOUNT_RULES,
+    *EXPORT_RULES,
 )
 
 

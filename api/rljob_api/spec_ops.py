@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from .base import ApiModel, Name, Path, section
-from .rules import immutable
+from .rules import Rule, immutable
 
 
 class VolumeSpec(ApiModel):
@@ -22,19 +22,33 @@ class VolumeSpec(ApiModel):
 
 
 class ExportSpec(ApiModel):
-    """Conversion of the final checkpoint to a Hugging Face directory. Not supported yet: only the
-    defaults are accepted (every checkpoint already holds a Hugging Face directory, iter_<step>/model)."""
+    """Checkpoints exported as Hugging Face directories by conversion jobs the operator runs (a RayJob
+    each, on a pod like the head, reading the checkpoint volume): the final one when the job succeeds,
+    and any saved iteration on demand."""
 
     hugging_face: bool = Field(
         default=False,
-        description="Not supported yet (true is refused): when the job succeeds, run a conversion Job that "
-        "writes the final weights as a Hugging Face directory (safetensors + config + tokenizer).",
+        description="When training finishes, export the final checkpoint to <path>/iter_<numRollout, 7 "
+        "digits>/ (safetensors + config + tokenizer: what transformers and SGLang load), each tensor checked "
+        "against the checkpoint; the job is Converting meanwhile and Succeeded once it is written. Needs "
+        "checkpoint.volume.",
     )
     path: Path | None = Field(
         default=None,
-        description="Not supported yet (refused when set): where the conversion writes; defaults to "
-        "<checkpoint.path>/hf.",
+        description="Directory the exports go to, one iter_<step>/ each; defaults to <checkpoint.path>/hf. "
+        "It must lie on a volume the conversion pod writes: below checkpoint.path or below the mountPath "
+        "of a writable persistentVolumeClaim in resources.volumes.",
     )
+    steps: Annotated[list[Annotated[int, Field(ge=1, le=10000000)]], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Saved iterations to export as well, on demand: each runs as soon as the run has saved "
+        "it (status.progress.lastCheckpointStep) or at once for a finished job; may be added to a running or "
+        "finished job. Steps pruned by maxToKeep before their export runs fail it, saying so.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    def wanted(self) -> bool:
+        return self.hugging_face or bool(self.steps)
 
 
 class CheckpointSpec(ApiModel):
@@ -67,7 +81,7 @@ class CheckpointSpec(ApiModel):
         "start fresh; required: fail if there is none.",
     )
     export: ExportSpec = section(
-        ExportSpec, "Export to Hugging Face format on completion (not supported yet)."
+        ExportSpec, "Export checkpoints to Hugging Face directories (conversion jobs run by the operator)."
     )
 
 
@@ -129,3 +143,53 @@ class FaultToleranceSpec(ApiModel):
         "clears. Fail: the job becomes Failed and its RayJob is suspended, so KubeRay deletes the Ray "
         "cluster and its pods stop holding quota (the RayJob stays for inspection).",
     )
+
+
+def export_root(checkpoint: CheckpointSpec) -> str:
+    """Where exports go: checkpoint.export.path, else <checkpoint.path>/hf."""
+    return checkpoint.export.path or f"{checkpoint.path.rstrip('/')}/hf"
+
+
+_EXPORTS = "(self.checkpoint.export.huggingFace || size(self.checkpoint.export.steps) > 0)"
+_EXPORT_PATH = "self.checkpoint.export.path"
+
+
+def _export_path_writable(spec: Any) -> bool:
+    path = spec.checkpoint.export.path
+    if path is None:
+        return True
+    below = [spec.checkpoint.path] + [
+        v.mount_path
+        for v in spec.resources.volumes
+        if v.persistent_volume_claim is not None and not v.read_only
+    ]
+    return any(path.startswith(root.rstrip("/") + "/") for root in below)
+
+
+# On the spec: exports are written by a pod of their own, which sees the checkpoints and the export
+# directory only through volumes.
+EXPORT_RULES = (
+    Rule(
+        cel=f"!{_EXPORTS} || has(self.checkpoint.volume)",
+        message="checkpoint.export needs checkpoint.volume: the conversion runs in a pod of its own and "
+        "reads the checkpoints from that volume",
+        field=".checkpoint.export",
+        check=lambda s: not s.checkpoint.export.wanted() or s.checkpoint.volume is not None,
+    ),
+    Rule(
+        cel=f"!has({_EXPORT_PATH}) || {_EXPORT_PATH}.startsWith(self.checkpoint.path + '/') || "
+        "(has(self.resources.volumes) && self.resources.volumes.exists(v, has(v.persistentVolumeClaim) && "
+        f"!(has(v.readOnly) && v.readOnly) && {_EXPORT_PATH}.startsWith(v.mountPath + '/')))",
+        message="checkpoint.export.path must lie below checkpoint.path or below the mountPath of a writable "
+        "persistentVolumeClaim in resources.volumes, where the export outlives the conversion pod",
+        field=".checkpoint.export.path",
+        check=_export_path_writable,
+    ),
+    Rule(
+        cel="self.checkpoint.export.steps.all(s, s <= self.training.numRollout)",
+        message="checkpoint.export.steps: every step must be at most training.numRollout (the run saves "
+        "no later iteration)",
+        field=".checkpoint.export.steps",
+        check=lambda s: all(step <= s.training.num_rollout for step in s.checkpoint.export.steps),
+    ),
+)

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from .base import ApiModel, LabelName, Name
 
-Phase = Literal["Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
+Phase = Literal["Pending", "Queued", "Converting", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = Phase.__args__
 
 ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
@@ -26,6 +26,7 @@ CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__
 EXIT_NOT_RETRIABLE = 78
 RESTART_HISTORY_MAX = 10  # entries of status.restartHistory kept, the most recent last
 RESTART_MESSAGE_MAX = 512
+CONVERSIONS_MAX = 40  # status.conversions: the megatron conversion and up to 32 on-demand exports + the final
 
 
 class Condition(ApiModel):
@@ -95,6 +96,26 @@ class Children(ApiModel):
     service_account: Name | None = Field(
         default=None, description="The ServiceAccount the runtime uses to report progress."
     )
+    conversion_jobs: Annotated[list[Name], Field(max_length=CONVERSIONS_MAX)] | None = Field(
+        default=None, description="The RayJobs of the job's checkpoint conversions (status.conversions)."
+    )
+
+
+class Conversion(ApiModel):
+    """A checkpoint conversion the operator runs as a RayJob of its own (one pod like the head)."""
+
+    ray_job: Name = Field(description="The RayJob that runs it (kept after it finishes, for its logs).")
+    kind: Literal["MegatronCheckpoint", "Export"] = Field(
+        description="MegatronCheckpoint: model.path to a Megatron distributed checkpoint in the model cache, "
+        "before training (megatron backend with resources.modelCache). Export: a saved iteration to a "
+        "Hugging Face directory (checkpoint.export)."
+    )
+    step: int | None = Field(default=None, ge=0, description="Export: the iteration exported.")
+    path: Annotated[str, Field(max_length=4096)] = Field(description="What it writes.")
+    state: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
+    message: Annotated[str, Field(max_length=RESTART_MESSAGE_MAX)] = Field(
+        default="", description="The conversion's last line when it finished (what failed, by name)."
+    )
 
 
 class Restart(ApiModel):
@@ -126,7 +147,7 @@ class RLTrainingJobStatus(ApiModel):
     )
     phase: Phase | None = Field(
         default=None,
-        description="Pending, Queued, Starting, Running, Succeeded, Failed or Suspended.",
+        description="Pending, Queued, Converting, Starting, Running, Succeeded, Failed or Suspended.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,
@@ -152,3 +173,7 @@ class RLTrainingJobStatus(ApiModel):
         default=None, description="When the job's Ray cluster was first created."
     )
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
+    conversions: Annotated[list[Conversion], Field(max_length=CONVERSIONS_MAX)] | None = Field(
+        default=None,
+        description="Checkpoint conversions: the Megatron checkpoint made before training, the exports.",
+    )

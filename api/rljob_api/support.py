@@ -234,14 +234,6 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         cel="!has(self.model.megatronCheckpoint) || self.training.backend == 'megatron'",
         supported=lambda s: s.model.megatron_checkpoint is None or s.training.backend == "megatron",
     ),
-    Limit(
-        field=".checkpoint.export",
-        what="checkpoint.export (a conversion Job after the run)",
-        instead="remove it (every checkpoint already holds the policy as a Hugging Face directory: "
-        "model/ in each iter_NNNNNNN/ under checkpoint.path)",
-        cel="!self.checkpoint.export.huggingFace && !has(self.checkpoint.export.path)",
-        supported=lambda s: not s.checkpoint.export.hugging_face and s.checkpoint.export.path is None,
-    ),
 )
 
 

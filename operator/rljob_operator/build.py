@@ -14,6 +14,7 @@ import yaml
 from rljob_api.contract import (
     ENTRYPOINT,
     JOB_ENV,
+    MEGATRON_CACHE_ENV,
     RAY_RESOURCE_COLOCATED,
     RAY_RESOURCE_ROLLOUT,
     RAY_RESOURCE_TRAINER,
@@ -24,9 +25,11 @@ from rljob_api.spec_resources import PodResources, Toleration, rollout_gpus, rol
 from .build_network import build_network_policy
 from .build_pods import PodGroup, pod_template
 from .build_rbac import build_runtime_rbac
+from .conversions import Wanted, needs_megatron_checkpoint
 from .job import Job
 from .names import (
     ENTRYPOINT_ANNOTATION,
+    ENTRYPOINT_ENV_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     child_labels,
     rayjob_name,
@@ -129,37 +132,24 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
     labels = child_labels(job.name, "rayjob")
     if spec.queue_name:
         labels[KUEUE_QUEUE_LABEL] = spec.queue_name
-    rayjob_spec: dict[str, Any] = {
-        "entrypoint": job.annotations.get(ENTRYPOINT_ANNOTATION, ENTRYPOINT),
-        "runtimeEnvYAML": yaml.safe_dump(
-            {
-                "env_vars": {
-                    JOB_ENV: resolved_job_json(
-                        spec, name=job.name, namespace=job.namespace, uid=job.uid, generation=job.generation
-                    )
-                }
-            },
-            width=1 << 20,
-        ),
-        "submissionMode": settings.submission_mode,
-        "shutdownAfterJobFinishes": True,
-        # The operator restarts the whole job itself (restarts.py): KubeRay would retry every
-        # failure, a refused config too, and keep no reason per attempt.
-        "backoffLimit": 0,
-        "suspend": suspend,
-        "rayClusterSpec": {
-            "rayVersion": settings.ray_version,
-            "enableInTreeAutoscaling": False,
-            "headGroupSpec": {
-                "rayStartParams": {"dashboard-host": "0.0.0.0"},
-                "template": pod_template(job, _head_group(job)),
-            },
-            "workerGroupSpecs": [_worker_group_spec(job, group, settings) for group in worker_groups(job)],
-        },
+    env = {
+        JOB_ENV: resolved_job_json(
+            spec, name=job.name, namespace=job.namespace, uid=job.uid, generation=job.generation
+        )
     }
-    if settings.ray_auth:
-        # KubeRay makes a Secret with a random token, gives it to every Ray pod and uses it itself.
-        rayjob_spec["rayClusterSpec"]["authOptions"] = {"mode": "token"}
+    if needs_megatron_checkpoint(job):  # the conversion job put it in the model cache
+        env[MEGATRON_CACHE_ENV] = "1"
+    rayjob = _rayjob(
+        job,
+        settings,
+        name=rayjob_name(job.name),
+        labels=labels,
+        entrypoint=job.annotations.get(ENTRYPOINT_ANNOTATION, ENTRYPOINT),
+        env=env,
+        workers=[_worker_group_spec(job, group, settings) for group in worker_groups(job)],
+    )
+    rayjob_spec = rayjob["spec"]
+    rayjob_spec["suspend"] = suspend
     if suspend is None:
         del rayjob_spec["suspend"]
     if spec.ttl_seconds_after_finished is not None:
@@ -167,11 +157,58 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
     deadline = active_deadline_seconds(job)
     if deadline is not None:
         rayjob_spec["activeDeadlineSeconds"] = deadline
+    return rayjob
+
+
+def build_conversion_rayjob(job: Job, settings: BuildSettings, wanted: Wanted) -> dict[str, Any]:
+    """The RayJob of one conversion: a Ray cluster of one pod built like the head (the job's image,
+    volumes, model cache, token, security context; resources.head's CPU and memory), whose
+    entrypoint is the conversion command. No GPUs, so no quota or Kueue admission: it starts at once."""
+    labels = child_labels(job.name, "conversion")
+    return _rayjob(
+        job, settings, name=wanted.name, labels=labels, entrypoint=wanted.command, env={}, workers=[]
+    )
+
+
+def _rayjob(
+    job: Job,
+    settings: BuildSettings,
+    *,
+    name: str,
+    labels: dict[str, str],
+    entrypoint: str,
+    env: dict[str, str],
+    workers: list[dict[str, Any]],
+) -> dict[str, Any]:
+    prefix = job.annotations.get(ENTRYPOINT_ENV_ANNOTATION, "").strip()
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": f"{prefix} {entrypoint}" if prefix else entrypoint,
+        "runtimeEnvYAML": yaml.safe_dump({"env_vars": env}, width=1 << 20),
+        "submissionMode": settings.submission_mode,
+        "shutdownAfterJobFinishes": True,
+        # The operator restarts the whole job itself (restarts.py): KubeRay would retry every
+        # failure, a refused config too, and keep no reason per attempt.
+        "backoffLimit": 0,
+        "rayClusterSpec": {
+            "rayVersion": settings.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "rayStartParams": {"dashboard-host": "0.0.0.0"},
+                "template": pod_template(job, _head_group(job)),
+            },
+            "workerGroupSpecs": workers,
+        },
+    }
+    if not env:
+        del rayjob_spec["runtimeEnvYAML"]
+    if settings.ray_auth:
+        # KubeRay makes a Secret with a random token, gives it to every Ray pod and uses it itself.
+        rayjob_spec["rayClusterSpec"]["authOptions"] = {"mode": "token"}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
         "metadata": {
-            "name": rayjob_name(job.name),
+            "name": name,
             "namespace": job.namespace,
             "labels": labels,
             "ownerReferences": [job.owner_reference()],

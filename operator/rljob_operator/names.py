@@ -17,6 +17,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Debugging aid: run this command instead of the runtime (the resolved job is still in RLJOB_JOB),
 # e.g. to check an image or a cluster before a long run. Read when the RayJob is created.
 ENTRYPOINT_ANNOTATION = f"{GROUP_PREFIX}/entrypoint"
+# Environment assignments ("A=1 B=2") put before every entrypoint of the job (training and
+# conversions): for a Ray that does not run in the pods, as the e2e harness's local Ray.
+ENTRYPOINT_ENV_ANNOTATION = f"{GROUP_PREFIX}/entrypoint-env"
 
 # Field manager that creates a Kueue job's RayJob suspended and then leaves `spec.suspend` to Kueue:
 # the operator's own applies omit that field, so they never undo an admission (or a preemption).

@@ -13,13 +13,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from rljob_api.contract import RLJOB_CACHE
 from rljob_api.errors import SpecError
 
 from .api_errors import ChildWriteError, Trouble, describe, trouble
-from .build import BuildSettings, build_prerequisites, build_rayjob
+from .build import BuildSettings, build_conversion_rayjob, build_prerequisites, build_rayjob
 from .checks import (
     Blocker,
     check_children_fit,
@@ -30,10 +32,33 @@ from .checks import (
     claims_needed,
     secrets_needed,
 )
+from .conversions import (
+    FAILED,
+    MEGATRON,
+    RUNNING,
+    SUCCEEDED,
+    Wanted,
+    entries,
+    export_conversion,
+    export_steps,
+    exporting,
+    megatron_conversion,
+    needs_megatron_checkpoint,
+    state_of,
+    training_succeeded,
+)
+from .conversions import events as conversion_events
 from .job import Job, job_from_object
 from .kube import Kube
 from .metrics import Metrics
-from .names import KUEUE_GATE_MANAGER, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, rayjob_name
+from .names import (
+    KUEUE_GATE_MANAGER,
+    LABEL_COMPONENT,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    rayjob_name,
+)
 from .permissions import describe_api_error
 from .pod_states import classify
 from .quantity import whole_units
@@ -54,6 +79,22 @@ log = logging.getLogger("rljob.operator")
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
+
+
+@dataclass
+class Conversions:
+    """The conversions one pass needs, and the RayJobs it saw of them (by name)."""
+
+    wanted: list[Wanted] = field(default_factory=list)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def running_before_training(self) -> dict[str, Any] | None:
+        """The RayJob of the MegatronCheckpoint conversion this pass saw running, if any."""
+        for want in self.wanted:
+            rayjob = self.seen.get(want.name)
+            if want.kind == MEGATRON and rayjob is not None and state_of(rayjob)[0] == RUNNING:
+                return rayjob
+        return None
 
 
 class Reconciler:
@@ -133,14 +174,17 @@ class Reconciler:
         blocker = check_name(job)
         queue: Decision | None = None
         finished = job.status.get("phase") in TERMINAL
-        if blocker is None and not finished and rayjob is not None:
+        # Training succeeded and the final export runs: nothing is restarted or created for training.
+        after_training = exporting(job.status)
+        if blocker is None and not finished and not after_training and rayjob is not None:
             failure = failure_of(rayjob)
             if failure is not None and should_restart(job, failure):
                 job, rayjob = await self._restart(obj, job, rayjob, failure, now)
         # The failed RayJob of a recorded restart is still being deleted: nothing is applied to it,
         # its successor is created once it is gone (its deletion is an event on it).
         going = rayjob is not None and restart_pending(job, rayjob)
-        if blocker is None and not finished and not going and leftover is None:
+        conversions = Conversions()
+        if blocker is None and not finished and not after_training and not going and leftover is None:
             running = rayjob is not None and not (rayjob.get("spec") or {}).get("suspend")
             if not running:
                 blocker = await self._preflight(job)
@@ -151,6 +195,11 @@ class Reconciler:
                         job = await self._record_pending(obj, job, Observed(now, None, None, queue))
                     for child in build_prerequisites(job, self.settings):
                         await self._apply_child(child)
+                    if rayjob is None and needs_megatron_checkpoint(job) and not job.spec.suspend:
+                        # Training starts from the model cache's Megatron checkpoint: made first.
+                        want = megatron_conversion(job, RLJOB_CACHE)
+                        create = await self._conversion(job, want, conversions) == SUCCEEDED
+                if create:
                     created = rayjob is None
                     if created and job.spec.queue_name and not job.spec.suspend:
                         # Born suspended under a manager of its own, which Kueue's admission replaces.
@@ -162,14 +211,27 @@ class Reconciler:
                     if created and rayjob is None:
                         self._announce_created(obj, job, applied)
                     rayjob = applied
+        if blocker is None and leftover is None:
+            for step in export_steps(job, training_succeeded(job, rayjob)):
+                await self._conversion(job, export_conversion(job, step), conversions)
         pods = None
         if rayjob is not None and not going and job.status.get("phase") in ("Starting", "Pending", None):
             # Read only while starting: why its pods do not run (a running job's pass lists nothing).
             pods = classify(await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), rayjob, namespace)
-        status = compute_status(job, Observed(now, rayjob, blocker, queue, pods, leftover))
+        elif rayjob is None and (converting := conversions.running_before_training()) is not None:
+            # The same for the conversion's pod: an unbound model cache claim, a failing image pull.
+            pods = classify(
+                await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), converting, namespace
+            )
+        seen = Observed(
+            now, rayjob, blocker, queue, pods, leftover, tuple(conversions.wanted), conversions.seen
+        )
+        status = compute_status(job, seen)
         if status_changed(job.status, status):
             await self.kube.apply_job_status(namespace, name, status)
             self._announce(obj, job, status)
+            for event in conversion_events(job.status, status.get("conversions") or []):
+                self.emit(obj, *event)
         if holds_pods(status, rayjob):  # failed by its startup timeout: free the quota its pods hold
             await self._apply_child(build_rayjob(job, self.settings, suspend=True))
         self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
@@ -201,6 +263,26 @@ class Reconciler:
             return job, rayjob  # deleted by an earlier pass: still going
         await self.kube.delete_rayjob(job.namespace, rayjob["metadata"]["name"], failure.uid)
         return job, await self.kube.get_rayjob(job.namespace, rayjob["metadata"]["name"])
+
+    async def _conversion(self, job: Job, want: Wanted, conversions: Conversions) -> str:
+        """Run one conversion if it needs to: look up its RayJob, create it when missing (unless it
+        succeeded before, or failed and its RayJob is still there for a person to read and delete).
+        Returns its state (Running, Succeeded, Failed)."""
+        conversions.wanted.append(want)
+        entry = entries(job.status).get(want.name)
+        if entry is not None and entry["state"] == SUCCEEDED:
+            return SUCCEEDED
+        rayjob = await self.kube.get_rayjob(job.namespace, want.name)
+        if rayjob is not None and not job.owns(rayjob):
+            return "Running"  # an earlier job's of this name, going by garbage collection
+        if rayjob is not None and entry is not None and entry["state"] == FAILED:
+            return FAILED  # kept for a person: deleting it asks for another try
+        if rayjob is None:
+            for child in build_prerequisites(job, self.settings):  # its pod's service account
+                await self._apply_child(child)
+            rayjob = await self._apply_child(build_conversion_rayjob(job, self.settings, want))
+        conversions.seen[want.name] = rayjob
+        return state_of(rayjob)[0]
 
     def _announce_created(self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any]) -> None:
         name = rayjob["metadata"]["name"]
@@ -303,10 +385,11 @@ class Reconciler:
         ]
         if not quotas:
             return Decision(True)
-        rayjobs = {
+        rayjobs = {  # training RayJobs only: conversions take no GPUs
             r["metadata"]["labels"][LABEL_JOB]: r
             for r in await self.kube.list_rayjobs(job.namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY}")
             if LABEL_JOB in (r["metadata"].get("labels") or {})
+            and r["metadata"]["labels"].get(LABEL_COMPONENT, "rayjob") == "rayjob"
         }
         charged: dict[str, int] = {}
         for pod in await self.kube.list_pods(job.namespace, LABEL_JOB):

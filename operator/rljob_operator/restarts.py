@@ -191,7 +191,7 @@ def restart_entry(job: Job, failure: Failure, now: datetime) -> dict[str, Any]:
         "attempt": recorded_restarts(job.status) + failure.kuberay_retries + 1,
         "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "reason": failure.reason,
-        "message": _bounded(failure.line),
+        "message": one_line(failure.line),
         "rayJobUid": failure.uid,
     }
     if failure.exit_code is not None:
@@ -220,6 +220,7 @@ def exhausted_message(count: int, line: str) -> str:
     return f"failed after {count} restart{'s' if count != 1 else ''}: {line}"
 
 
-def _bounded(text: str) -> str:
+def one_line(text: str) -> str:
+    """`text` on one line, at most RESTART_MESSAGE_MAX characters (a status message)."""
     one = " ".join(text.split())
     return one if len(one) <= RESTART_MESSAGE_MAX else one[: RESTART_MESSAGE_MAX - 3] + "..."

@@ -15,9 +15,26 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rljob_api.contract import RLJOB_CACHE
 from rljob_api.status import CONDITION_TYPES
 
 from .checks import Blocker
+from .conversions import (
+    CONVERSION_FAILED,
+    CONVERTING,
+    EXPORT_FAILED,
+    EXPORTING,
+    FAILED,
+    SUCCEEDED,
+    Wanted,
+    conversion_entries,
+    entry_of,
+    exporting,
+    failed_message,
+    final_export,
+    megatron_conversion,
+    needs_megatron_checkpoint,
+)
 from .job import Job
 from .names import runtime_account_name
 from .pod_states import REASONS as STUCK_REASONS
@@ -46,6 +63,7 @@ RETRYING = "Retrying"  # Reconciling's reason while API calls fail and are retri
 _TRUE_IN_PHASE: dict[str, tuple[str, ...]] = {
     "Pending": ("Reconciling",),
     "Queued": ("Queued",),
+    "Converting": ("Reconciling",),
     "Starting": ("Reconciling",),
     "Running": ("Ready",),
     "Succeeded": ("Ready", "Succeeded"),
@@ -74,6 +92,9 @@ class Observed:
     # The RayJob of an earlier job of this name (deleted, created again), not deleted yet: the
     # operator waits for garbage collection before it creates this job's own.
     leftover: str | None = None
+    # Conversions the job needs now, and the RayJobs of those this pass looked up (None: not there).
+    wanted: tuple[Wanted, ...] = ()
+    conversions: Mapping[str, Mapping[str, Any] | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,8 +106,10 @@ class Verdict:
     detail: str = ""  # the whole story for the Failed / Stalled condition (KubeRay's message), if longer
 
 
-def decide_phase(job: Job, seen: Observed) -> Verdict:
-    """The phase, with a CamelCase reason and a message a person can act on."""
+def decide_phase(job: Job, seen: Observed, conversions: list[dict[str, Any]] | None = None) -> Verdict:
+    """The phase, with a CamelCase reason and a message a person can act on. `conversions`:
+    status.conversions as this pass leaves it."""
+    conversions = conversions or []
     previous = job.status.get("phase")
     rayjob = seen.rayjob
     if previous in TERMINAL:
@@ -109,6 +132,15 @@ def decide_phase(job: Job, seen: Observed) -> Verdict:
         return Verdict("Suspended", "Suspended", _SUSPENDED)
     if restart_pending(job, rayjob):  # the failed RayJob is going or gone, the new one not there yet
         return _restarting(job, history(job.status)[-1])
+    if rayjob is None and exporting(job.status):  # the training RayJob went (ttl) during the export
+        return _after_training(job, Verdict("Succeeded", "Completed", _completed(job)), conversions)
+    if rayjob is None and needs_megatron_checkpoint(job):
+        converting = _converting(job, conversions)
+        if converting is not None and seen.pods is not None and not converting.stalled:
+            stuck = stuck_verdict(job, seen.pods, seen.now)  # the conversion's pod does not run
+            return dataclasses.replace(stuck, phase="Failed" if stuck.phase == "Failed" else "Converting")
+        if converting is not None:
+            return converting
     if rayjob is None and seen.leftover:
         return Verdict(
             "Pending",
@@ -120,7 +152,45 @@ def decide_phase(job: Job, seen: Observed) -> Verdict:
     verdict = _rayjob_phase(job, rayjob, seen.now)
     if verdict.phase == "Starting" and seen.pods is not None:
         return stuck_verdict(job, seen.pods, seen.now)
+    if verdict.phase == "Succeeded":
+        return _after_training(job, verdict, conversions)
     return verdict
+
+
+def _converting(job: Job, conversions: list[dict[str, Any]]) -> Verdict | None:
+    """Before training: the model's Megatron checkpoint is being made (or failed); None once made."""
+    want = megatron_conversion(job, RLJOB_CACHE)
+    entry = entry_of(conversions, want)
+    if entry is None or entry["state"] == SUCCEEDED:
+        return None  # Pending until its RayJob exists; training's turn once it succeeded
+    if entry is not None and entry["state"] == FAILED:
+        what = f"converting {job.spec.model.path} to a Megatron checkpoint"
+        return Verdict("Converting", CONVERSION_FAILED, failed_message(entry, what), stalled=True)
+    return Verdict(
+        "Converting",
+        CONVERTING,
+        f"converting {job.spec.model.path} to a Megatron checkpoint in the model cache (RayJob {want.name}; "
+        "reused when an earlier job made it); training starts when it is done",
+    )
+
+
+def _after_training(job: Job, done: Verdict, conversions: list[dict[str, Any]]) -> Verdict:
+    """Training succeeded: the job is Succeeded once its final export (checkpoint.export.huggingFace)
+    is written, Converting until then."""
+    want = final_export(job)
+    if want is None:
+        return done
+    entry = entry_of(conversions, want)
+    if entry is not None and entry["state"] == SUCCEEDED:
+        return Verdict("Succeeded", done.reason, f"{done.message}; exported to {want.path}")
+    if entry is not None and entry["state"] == FAILED:
+        what = f"training finished; exporting iter_{want.step:07d} to {want.path}"
+        return Verdict("Converting", EXPORT_FAILED, failed_message(entry, what), stalled=True)
+    return Verdict(
+        "Converting",
+        EXPORTING,
+        f"{done.message}; exporting it to {want.path} (RayJob {want.name})",
+    )
 
 
 def stuck_verdict(job: Job, stuck: Stuck, now: datetime) -> Verdict:
@@ -274,7 +344,8 @@ def _condition_entry(
 
 def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
     """The operator-owned part of status (everything but progress)."""
-    verdict = decide_phase(job, seen)
+    converted = conversion_entries(job.status, list(seen.wanted), seen.conversions)
+    verdict = decide_phase(job, seen, converted)
     status: dict[str, Any] = {
         "observedGeneration": job.generation,
         "phase": verdict.phase,
@@ -294,6 +365,9 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
             children["rayCluster"] = rayjob_status["rayClusterName"]
     elif (job.status.get("children") or {}).get("rayCluster"):
         children["rayCluster"] = job.status["children"]["rayCluster"]
+    if converted:
+        children["conversionJobs"] = [entry["rayJob"] for entry in converted]
+        status["conversions"] = converted
     status["children"] = children
     count = restarts(job, seen.rayjob)
     if count:

@@ -93,6 +93,8 @@ def test_pods_carry_the_volumes_pass_restricted_and_get_ray_auth(
     _restrict(crd, namespace)
     crd.apply(*_objects(namespace))
     patch = {
+        # torch: a megatron job with a model cache would convert its model first (test_conversion_jobs.py)
+        "training": {"backend": "torch"},
         "resources": {
             **H100,
             "volumes": VOLUMES,
