@@ -102,7 +102,7 @@ def test_pods_carry_the_volumes_pass_restricted_and_get_ray_auth(
             "secrets": {"huggingFaceToken": {"name": "hf", "key": "token"}},
             "labels": {"team": "rl"},
             "trainer": {"annotations": {"example.com/owner": "me"}},
-        }
+        },
     }
     crd.apply(_in(namespace, job("mounts", patch)))
     pods = wait_for("the head and the GPU pod", _pods(crd, namespace, "mounts", 2), operator)
