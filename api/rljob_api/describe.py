@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .spec import RLTrainingJobSpec, data_parallel_size, trainer_gpus
+from .spec_ops import export_root
 from .spec_resources import rollout_gpus
 
 
@@ -19,7 +20,17 @@ def describe(spec: RLTrainingJobSpec) -> list[tuple[str, str]]:
     if r.async_.enabled:
         layout += ", async"
     return [
-        ("model", f"{spec.model.path} ({spec.model.dtype})"),
+        (
+            "model",
+            f"{spec.model.path} ({spec.model.dtype})"
+            + (
+                "; the operator converts it to a Megatron checkpoint in the model cache first (once per revision)"
+                if t.backend == "megatron"
+                and res.model_cache is not None
+                and spec.model.megatron_checkpoint is None
+                else ""
+            ),
+        ),
         ("data", f"{spec.data.path} (input {spec.data.input_key!r}, label {spec.data.label_key!r})"),
         ("algorithm", f"{a.advantage_estimator}, {kl}, clip [{1 - a.eps_clip:g}, {1 + clip_high:g}]"),
         (
@@ -49,6 +60,15 @@ def describe(spec: RLTrainingJobSpec) -> list[tuple[str, str]]:
             "checkpoint",
             f"{spec.checkpoint.path}, every {spec.checkpoint.save_interval or 'end'}"
             f"{'' if spec.checkpoint.save_interval == 0 else ' steps'}, resume {spec.checkpoint.resume}"
-            + ("" if spec.checkpoint.volume else " (no volume: lost with the pods)"),
+            + ("" if spec.checkpoint.volume else " (no volume: lost with the pods)")
+            + _exports(spec),
         ),
     ]
+
+
+def _exports(spec: RLTrainingJobSpec) -> str:
+    export = spec.checkpoint.export
+    which = (["the final one"] if export.hugging_face else []) + [f"step {s}" for s in sorted(export.steps)]
+    if not which:
+        return ""
+    return f"; exported as Hugging Face directories to {export_root(spec.checkpoint)}/iter_<step> ({', '.join(which)})"

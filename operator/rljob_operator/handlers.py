@@ -13,12 +13,13 @@ import kopf
 from rljob_api.resource import GROUP, PLURAL, VERSION
 
 from .build import BuildSettings
-from .kube import Kube, load_config
+from .kube import load_config
 from .metrics import Metrics
 from .names import FINALIZER, GROUP_PREFIX, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from .permissions import describe_api_error
 from .reconcile import Reconciler
 from .status import TERMINAL
+from .watch_cache import CachedKube, WatchCaches, slim_job, slim_node, slim_pod, slim_quota, slim_rayjob
 
 log = logging.getLogger("rljob.operator")
 
@@ -32,6 +33,7 @@ class Options:
 
 
 _state: dict[str, Any] = {}
+_caches = WatchCaches()  # kopf's indices, handed over by the first handler that runs
 
 
 def reconciler() -> Reconciler:
@@ -72,9 +74,9 @@ async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Serve the resources found at startup: watching CRDs and namespaces for changes would need
     # cluster-wide list/watch on both, which the chart's least-privilege role does not grant.
     settings.scanning.disabled = True
-    load_config()
+    await load_config()
     _state["reconciler"] = Reconciler(
-        Kube(), Options.settings, _state.setdefault("metrics", Metrics()), _emit
+        CachedKube(_caches), Options.settings, _state.setdefault("metrics", Metrics()), _emit
     )
     _state["resync"] = asyncio.create_task(_resync_forever())
 
@@ -84,6 +86,9 @@ async def _cleanup(**_: Any) -> None:
     task = _state.pop("resync", None)
     if task is not None:
         task.cancel()
+    if "reconciler" in _state:
+        await asyncio.gather(*_posting, return_exceptions=True)  # the last events go out first
+        await _state.pop("reconciler").kube.close()
 
 
 async def _resync_forever() -> None:
@@ -103,8 +108,36 @@ async def _resync_forever() -> None:
             await reconciler().reconcile(job["metadata"]["namespace"], job["metadata"]["name"])
 
 
+# The watch caches (watch_cache.py): kopf indexes what its watches see; the reconciler's list calls
+# read these indices. Keyed by namespace (nodes: None). Async: kopf runs sync handlers in threads.
+@kopf.index(GROUP, VERSION, PLURAL)
+async def rljob_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {namespace: slim_job(body)}
+
+
+@kopf.index("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
+async def rljob_rayjobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {namespace: slim_rayjob(body)}
+
+
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+async def rljob_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {namespace: slim_pod(body)}
+
+
+@kopf.index("", "v1", "resourcequotas")
+async def rljob_quotas(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {namespace: slim_quota(body)}
+
+
+@kopf.index("", "v1", "nodes")
+async def rljob_nodes(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {None: slim_node(body)}
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+async def job_event(event: dict[str, Any], namespace: str, name: str, **kwargs: Any) -> None:
+    _caches.capture(kwargs)
     if event["type"] == "DELETED":
         reconciler().metrics.forget((namespace, name))
         await _requeue_waiting(namespace)  # a deleted job may free GPUs for queued ones
@@ -113,18 +146,21 @@ async def job_event(event: dict[str, Any], namespace: str, name: str, **_: Any) 
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
-async def rayjob_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def rayjob_event(namespace: str, labels: dict[str, str], **kwargs: Any) -> None:
+    _caches.capture(kwargs)
     if LABEL_JOB in labels:
         await reconciler().reconcile(namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-async def pod_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def pod_event(namespace: str, labels: dict[str, str], **kwargs: Any) -> None:
+    _caches.capture(kwargs)
     await reconciler().reconcile(namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "resourcequotas")
-async def quota_event(namespace: str, **_: Any) -> None:
+async def quota_event(namespace: str, **kwargs: Any) -> None:
+    _caches.capture(kwargs)
     await _requeue_waiting(namespace)
 
 

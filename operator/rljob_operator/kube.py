@@ -1,21 +1,22 @@
 """The only module that talks to the API server: reads, server-side apply, status, events.
 
-Uses the official (blocking) kubernetes client from worker threads so the kopf event loop stays
-free. Every write is a server-side apply under the operator's field manager with force, so the
-operator owns exactly the fields it sets and leaves the runtime's `status.progress` alone.
+Built on kubernetes_asyncio (the asyncio client generated from the Kubernetes OpenAPI spec), so no
+call blocks the kopf event loop. Objects go in and come out as plain dicts (`_preload_content=False`
+and the JSON body): the reconciler reads them as the API server wrote them. Every write is a
+server-side apply under the operator's field manager with force, so the operator owns exactly the
+fields it sets and leaves the runtime's `status.progress` alone. Lists are read in pages.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from rljob_api.contract import OPERATOR_FIELD_MANAGER
 from rljob_api.events import event_body
@@ -33,83 +34,120 @@ PLURALS = {
     (API_VERSION, KIND): PLURAL,
 }
 EVENT_COMPONENT = "rljob-operator"
+APPLY = "application/apply-patch+yaml"
+PAGE = 500  # objects per list request: a large namespace is read in pieces, never in one response
+REQUEST_TIMEOUT_S = 60
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
-def load_config() -> None:
+def timeout_message(call: str) -> str:
+    return f"no answer from the API server within {REQUEST_TIMEOUT_S} s ({call})"
+
+
+async def load_config() -> None:
     """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        await config.load_kube_config()
 
 
-def object_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:
-    plural = PLURALS[(api_version, kind)]
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
-    if name:
-        path += f"/{name}"
-    if sub:
-        path += f"/{sub}"
-    return path
+async def _json(response: Any) -> Any:
+    """The body of a `_preload_content=False` response, as the API server sent it; an error status
+    raises the ApiException the client raises for its other calls (it checks only preloaded ones)."""
+    try:
+        data = await response.read()
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = data.decode("utf-8", "replace")  # the API server's Status, as JSON
+        error.headers = response.headers
+        raise error
+    return json.loads(data) if data else None
 
 
 class Kube:
-    """Async facade over the blocking client."""
+    """The operator's API calls, each returning plain dicts."""
 
     def __init__(self, api: client.ApiClient | None = None) -> None:
         self.api = api or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query_params: list[tuple[str, str]] | None = None,
-        header_params: dict[str, str] | None = None,
-    ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": "application/json", **(header_params or {})}
+    async def close(self) -> None:
+        await self.api.close()
 
-        def call() -> Any:
-            _, url, headers_out, body_out, post = self.api.param_serialize(
-                method,
-                path,
-                query_params=query_params,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self.api.call_api(method, url, headers_out, body_out, post, _request_timeout=60)
-            response.read()
-            if not 200 <= response.status < 300:
-                raise ApiException(http_resp=response)
-            return json.loads(response.data) if response.data else None
-
-        return await asyncio.to_thread(call)
-
-    async def _get_or_none(self, path: str, **kwargs: Any) -> dict[str, Any] | None:
+    async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         try:
-            return await self._call("GET", path, **kwargs)
+            response = await method(
+                *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
+            )
+            return await _json(response)
+        except TimeoutError as exc:  # aiohttp's says nothing
+            raise TimeoutError(timeout_message(method.__name__)) from exc
+
+    async def _get_or_none(self, method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any] | None:
+        try:
+            return await self._call(method, *args)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
+    async def _pages(
+        self, method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> list[dict[str, Any]]:
+        """Every item of a list call, PAGE at a time (the `continue` token between pages)."""
+        return [item async for item in self._paged(method, *args, **kwargs)]
+
+    async def _paged(
+        self, method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        token = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            page = await self._call(method, *args, limit=PAGE, **kwargs, **extra)
+            for item in page.get("items") or []:
+                yield item
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    # ---------------------------------------------------------------------------------- writes
+
     async def apply(
         self, obj: Mapping[str, Any], *, subresource: str = "", manager: str = OPERATOR_FIELD_MANAGER
     ) -> dict[str, Any]:
         """Server-side apply `obj` (force: the operator owns what it sets)."""
-        meta = obj["metadata"]
-        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], subresource)
-        return await self._call(
-            "PATCH",
-            path,
-            body=json.loads(json.dumps(obj)),
-            query_params=[("fieldManager", manager), ("force", "true")],
-            header_params={"Content-Type": "application/apply-patch+yaml"},
+        body = json.loads(json.dumps(obj))
+        meta = body["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        options = {"field_manager": manager, "force": True, "_content_type": APPLY}
+        key = (obj["apiVersion"], obj["kind"])
+        if key not in PLURALS:
+            raise KeyError(key)  # a kind the operator does not write
+        if obj["apiVersion"] == "v1":  # ServiceAccount
+            return await self._call(
+                self.core.patch_namespaced_service_account, name, namespace, body, **options
+            )
+        if key == ("rbac.authorization.k8s.io/v1", "Role"):
+            return await self._call(self.rbac.patch_namespaced_role, name, namespace, body, **options)
+        if key == ("rbac.authorization.k8s.io/v1", "RoleBinding"):
+            return await self._call(self.rbac.patch_namespaced_role_binding, name, namespace, body, **options)
+        if key == ("networking.k8s.io/v1", "NetworkPolicy"):
+            return await self._call(
+                self.networking.patch_namespaced_network_policy, name, namespace, body, **options
+            )
+        group, version = obj["apiVersion"].split("/")
+        patch = (
+            self.custom.patch_namespaced_custom_object_status
+            if subresource == "status"
+            else self.custom.patch_namespaced_custom_object
         )
+        return await self._call(patch, group, version, namespace, PLURALS[key], name, body, **options)
 
     async def apply_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         body = {
@@ -120,54 +158,26 @@ class Kube:
         }
         return await self.apply(body, subresource="status")
 
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._get_or_none(object_path(API_VERSION, KIND, namespace, name))
-
-    async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        path = f"/apis/{GROUP}/{VERSION}/" + (f"namespaces/{namespace}/{PLURAL}" if namespace else PLURAL)
-        return (await self._call("GET", path))["items"]
-
-    async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._get_or_none(object_path("ray.io/v1", "RayJob", namespace, name))
-
-    async def list_rayjobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
-        return (await self._call("GET", path, query_params=[("labelSelector", selector)]))["items"]
-
     async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
         """Delete this RayJob, and only this one (a uid precondition: never a newer RayJob of the
         same name), in the foreground: it goes once its RayCluster and pods are gone, so the job's
         next RayJob does not start beside them. Already gone is fine."""
-        body = {
-            "apiVersion": "v1",
-            "kind": "DeleteOptions",
-            "propagationPolicy": "Foreground",
-            "preconditions": {"uid": uid},
-        }
+        options = client.V1DeleteOptions(
+            propagation_policy="Foreground", preconditions=client.V1Preconditions(uid=uid)
+        )
         try:
-            await self._call("DELETE", object_path("ray.io/v1", "RayJob", namespace, name), body=body)
+            await self._call(
+                self.custom.delete_namespaced_custom_object,
+                "ray.io",
+                "v1",
+                namespace,
+                "rayjobs",
+                name,
+                body=options,
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-    async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:
-        return (await self._call("GET", f"/api/v1/namespaces/{namespace}/resourcequotas"))["items"]
-
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        path = f"/api/v1/namespaces/{namespace}/pods"
-        return (await self._call("GET", path, query_params=[("labelSelector", selector)]))["items"]
-
-    async def list_nodes(self) -> list[NodeInfo]:
-        items = (await self._call("GET", "/api/v1/nodes"))["items"]
-        return [
-            NodeInfo(
-                n["metadata"]["name"],
-                n["metadata"].get("labels") or {},
-                (n.get("status") or {}).get("allocatable") or {},
-            )
-            for n in items
-            if not (n.get("spec") or {}).get("unschedulable")
-        ]
 
     async def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on `obj`, posted by this client: kopf's own poster works only inside a
@@ -182,10 +192,70 @@ class Kube:
             action="Reconcile",
             now=datetime.now(UTC),
         )
-        namespace = obj["metadata"]["namespace"]
-        await self._call("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        await self._call(self.core.create_namespaced_event, obj["metadata"]["namespace"], body)
+
+    # ----------------------------------------------------------------------------------- reads
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get_or_none(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+
+    async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        if namespace:
+            return await self._pages(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
+            )
+        return await self._pages(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+
+    async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get_or_none(
+            self.custom.get_namespaced_custom_object, "ray.io", "v1", namespace, "rayjobs", name
+        )
+
+    async def list_rayjobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return await self._pages(
+            self.custom.list_namespaced_custom_object,
+            "ray.io",
+            "v1",
+            namespace,
+            "rayjobs",
+            label_selector=selector,
+        )
+
+    async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        return await self._pages(self.core.list_namespaced_resource_quota, namespace)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return await self._pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        return [
+            NodeInfo(
+                n["metadata"]["name"],
+                n["metadata"].get("labels") or {},
+                (n.get("status") or {}).get("allocatable") or {},
+            )
+            for n in await self._pages(self.core.list_node)
+            if not (n.get("spec") or {}).get("unschedulable")
+        ]
 
     async def exists(self, namespace: str, resource: str, name: str) -> bool:
-        """Whether a core object (secrets, persistentvolumeclaims) exists; reads metadata only."""
-        path = f"/api/v1/namespaces/{namespace}/{resource}/{name}"
-        return await self._get_or_none(path, header_params={"Accept": _METADATA_ONLY}) is not None
+        """Whether a core object (secrets, persistentvolumeclaims) exists. Reads its metadata only
+        (a Secret's data never reaches the operator): the client's typed reads cannot ask for that, so
+        this is its generic call_api with the Accept header of a PartialObjectMetadata."""
+        try:
+            response = await self.api.call_api(
+                f"/api/v1/namespaces/{namespace}/{resource}/{name}",
+                "GET",
+                header_params={"Accept": _METADATA_ONLY},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            await _json(response)  # raises the error status (call_api checks only preloaded ones)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from rljob_api.resource import GROUP, PLURAL
 

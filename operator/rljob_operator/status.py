@@ -163,7 +163,7 @@ def _converting(job: Job, conversions: list[dict[str, Any]]) -> Verdict | None:
     entry = entry_of(conversions, want)
     if entry is None or entry["state"] == SUCCEEDED:
         return None  # Pending until its RayJob exists; training's turn once it succeeded
-    if entry is not None and entry["state"] == FAILED:
+    if entry["state"] == FAILED:
         what = f"converting {job.spec.model.path} to a Megatron checkpoint"
         return Verdict("Converting", CONVERSION_FAILED, failed_message(entry, what), stalled=True)
     return Verdict(

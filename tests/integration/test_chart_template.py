@@ -68,7 +68,7 @@ def test_cluster_mode_has_one_cluster_role_and_no_secret_access() -> None:
 def test_namespaced_mode_grants_per_namespace_and_only_nodes_cluster_wide() -> None:
     objs = render(*SHAPES["chart-namespaced.yaml"])
     (cluster_role,) = _by_kind(objs, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     roles = _by_kind(objs, "Role")
     assert [r["metadata"]["namespace"] for r in roles] == ["team-a", "team-b"]
     assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in roles[0]["rules"]

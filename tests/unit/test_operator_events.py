@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from rljob_operator import handlers
 from rljob_operator.kube import Kube
@@ -22,15 +22,22 @@ JOB = {
 
 
 class RecordingKube(Kube):
+    """Kube with its client calls recorded instead of sent (the client method, its arguments)."""
+
     def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[str, str, Any]] = []
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail = fail
 
-    async def _call(self, method: str, path: str, *, body: Any = None, **_: Any) -> Any:
+        async def create_namespaced_event(*_: Any, **__: Any) -> Any:  # never called: _call records
+            raise AssertionError
+
+        self.core = SimpleNamespace(create_namespaced_event=create_namespaced_event)
+
+    async def _call(self, method: Any, *args: Any, **_: Any) -> Any:
         if self.fail:
             raise ApiException(status=403, reason="Forbidden")
-        self.calls.append((method, path, body))
-        return body
+        self.calls.append((method.__name__, args))
+        return args[-1]
 
 
 def _emit_outside_kopf(kube: RecordingKube) -> None:
@@ -48,8 +55,8 @@ def _emit_outside_kopf(kube: RecordingKube) -> None:
 def test_an_event_is_posted_from_outside_any_kopf_handler() -> None:
     kube = RecordingKube()
     _emit_outside_kopf(kube)
-    ((method, path, body),) = kube.calls
-    assert (method, path) == ("POST", "/api/v1/namespaces/ml/events")
+    ((method, (namespace, body)),) = kube.calls
+    assert (method, namespace) == ("create_namespaced_event", "ml")
     assert body["involvedObject"] == {
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "job-a", "namespace": "ml", "uid": "u-1",
     }  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from rljob_operator.permissions import api_message, denial, describe_api_error
 

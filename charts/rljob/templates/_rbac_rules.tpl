@@ -53,10 +53,10 @@ away in turn and shows which part of the operator breaks, so no rule here is dea
 {{- end -}}
 
 {{- define "rljob.clusterRules" -}}
-# The GPU pre-flight: does any node offer the GPUs each worker pod asks for?
+# The GPU pre-flight: does any node offer the GPUs each worker pod asks for? (read from a watch cache)
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [list]
+  verbs: [list, watch]
 {{- end -}}
 
 {{- define "rljob.secretRules" -}}

@@ -37,18 +37,18 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
-from urllib3.exceptions import ReadTimeoutError
 
 from rljob_api.contract import OPERATOR_FIELD_MANAGER, RUNTIME_FIELD_MANAGER
 from rljob_api.resource import API_VERSION, KIND
 from rljob_operator.build import BuildSettings
 from rljob_operator.checks import NodeInfo
-from rljob_operator.kube import PLURALS, Kube
+from rljob_operator.kube import PLURALS, Kube, timeout_message
 from rljob_operator.metrics import Metrics
 from rljob_operator.names import LABEL_JOB, LABEL_ROLE
 from rljob_operator.reconcile import Reconciler
+from rljob_operator.watch_cache import selected  # the API server's equality selectors
 
 from spec_cases import BASE_SPEC, patched
 
@@ -72,7 +72,9 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> ApiExce
     """An ApiException whose body is the API server's JSON Status, as the real client raises it."""
     body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message}
     body |= {"reason": reason, "details": details, "code": status}
-    return ApiException(status=status, reason=reason, body=json.dumps(body))
+    error = ApiException(status=status, reason=reason)
+    error.body = json.dumps(body)  # as kube.py sets it from the response
+    return error
 
 
 def forbidden(verb: str, plural: str, group: str, namespace: str, name: str) -> ApiException:
@@ -96,9 +98,9 @@ def server_error() -> ApiException:
     return api_error(500, "InternalError", "Internal error occurred: etcdserver: request timed out")
 
 
-def timeout() -> ReadTimeoutError:
-    """What the blocking client raises when its 60 s request timeout runs out."""
-    return ReadTimeoutError(None, "/apis", "Read timed out. (read timeout=60)")  # type: ignore[arg-type]
+def timeout() -> TimeoutError:
+    """What Kube raises when the client's 60 s request timeout runs out."""
+    return TimeoutError(timeout_message("patch_namespaced_custom_object"))
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,9 @@ class FakeKube:
         return [c for c in self.calls if c.method in methods]
 
     # --- the Kube interface ---
+
+    async def close(self) -> None:
+        self._enter("close")
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._enter("get_job", namespace, name)
@@ -302,7 +307,7 @@ class FakeKube:
             for (k, ns, _), s in sorted(self.store.items())
             if k == kind
             and namespace in (None, ns)
-            and _selected(s.obj["metadata"].get("labels") or {}, selector)
+            and selected(s.obj["metadata"].get("labels") or {}, selector)
         ]
 
     def put(
@@ -410,24 +415,6 @@ def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
 
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-def _selected(labels: Mapping[str, str], selector: str) -> bool:
-    for term in (t.strip() for t in selector.split(",") if t.strip()):
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = term.split("=", 1)
-            if labels.get(key) != value.lstrip("="):
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
 
 
 @dataclass

@@ -49,7 +49,8 @@ def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered(
         ("Pending", "Creating"),
         (
             "Pending",
-            "retrying (attempt 2) in 2 s: applying RayJob job-a: ReadTimeoutError: None: Read timed out. (read timeout=60)",
+            "retrying (attempt 2) in 2 s: applying RayJob job-a: TimeoutError: no answer from the API server within "
+            "60 s (patch_namespaced_custom_object)",
         ),
         ("Pending", shown[2][1]),
         ("Starting", "Starting"),

@@ -1,0 +1,174 @@
+"""Lists served from memory: kopf's indices of the objects the operator watches anyway.
+
+kopf keeps one watch per resource kind (its event handlers need them) and, with `@kopf.index`, an
+in-memory index of each object it sees, updated from the same stream (re-listed after a 410 Gone or
+a broken connection). kopf runs no handler before every index has finished its first listing, so an
+index handed to a handler is complete and stays current. `CachedKube` serves the reconciler's list
+calls (jobs, RayJobs, pods, ResourceQuotas, nodes) from them: a reconcile of an unchanged job makes
+no list call. Until a handler has handed the indices over (the first moments after a start) it
+lists from the API server as before.
+
+Each index keeps only the fields the operator reads (`slim_*`), not whole objects: the pods of a
+thousand jobs would otherwise hold tens of megabytes of managedFields and specs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .checks import NodeInfo
+from .kube import Kube
+
+# The index names: the kopf handlers of these names (handlers.py) fill them.
+JOBS, RAYJOBS, PODS, QUOTAS, NODES = (
+    "rljob_jobs",
+    "rljob_rayjobs",
+    "rljob_pods",
+    "rljob_quotas",
+    "rljob_nodes",
+)
+INDICES = (JOBS, RAYJOBS, PODS, QUOTAS, NODES)
+Index = Mapping[Any, Iterable[Mapping[str, Any]]]
+
+
+def _pick(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: obj[k] for k in keys if obj.get(k) is not None}
+
+
+def _meta(body: Mapping[str, Any], *extra: str) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return _pick(meta, "name", "namespace", "uid", "labels", "deletionTimestamp", "creationTimestamp", *extra)
+
+
+def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as the quota decision reads it (spec, status, identity)."""
+    return {
+        "metadata": _meta(body, "generation", "annotations"),
+        "spec": dict(body.get("spec") or {}),
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def slim_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A RayJob as the quota decision reads it: whose it is, and whether it is suspended."""
+    return {"metadata": _meta(body), "spec": _pick(body.get("spec") or {}, "suspend")}
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as the quota (GPU requests) and the stuck-pod checks (pod_states.py) read it."""
+    spec = body.get("spec") or {}
+    containers = [
+        {"name": c.get("name"), "resources": _pick(c.get("resources") or {}, "requests")}
+        for c in spec.get("containers") or []
+    ]
+    return {
+        "metadata": _meta(body, "ownerReferences"),
+        "spec": {"containers": containers, **_pick(spec, "nodeName")},
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def slim_quota(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": _meta(body), "status": _pick(body.get("status") or {}, "hard", "used")}
+
+
+def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": _meta(body),
+        "spec": _pick(body.get("spec") or {}, "unschedulable"),
+        "status": _pick(body.get("status") or {}, "allocatable"),
+    }
+
+
+def selected(labels: Mapping[str, str], selector: str) -> bool:
+    """Whether `labels` match an equality-based label selector (`k`, `!k`, `k=v`, `k==v`, `k!=v`,
+    comma-separated): the only kind the operator uses."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value.lstrip("="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class WatchCaches:
+    """kopf's indices, once a handler has handed them over (`capture`)."""
+
+    def __init__(self) -> None:
+        self.indices: dict[str, Index] | None = None
+
+    def capture(self, kwargs: Mapping[str, Any]) -> None:
+        """Keep the indices a handler received (live views: kopf updates them in place)."""
+        if self.indices is None and all(name in kwargs for name in INDICES):
+            self.indices = {name: kwargs[name] for name in INDICES}
+
+    @property
+    def ready(self) -> bool:
+        return self.indices is not None
+
+    def items(self, index: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Copies of the objects of one namespace (None: all), sorted by namespace and name as a
+        list call returns them."""
+        assert self.indices is not None
+        found = self.indices[index]
+        keys = list(found) if namespace is None else [namespace]
+        out = [copy.deepcopy(dict(obj)) for key in keys if key in found for obj in found[key]]
+        return sorted(out, key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
+
+
+class CachedKube(Kube):
+    """Kube whose list calls read the watch caches once they are ready."""
+
+    def __init__(self, caches: WatchCaches, api: Any = None) -> None:
+        super().__init__(api)
+        self.caches = caches
+
+    async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        if not self.caches.ready:
+            return await super().list_jobs(namespace)
+        return self.caches.items(JOBS, namespace)
+
+    async def list_rayjobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        if not self.caches.ready:
+            return await super().list_rayjobs(namespace, selector)
+        return [
+            r
+            for r in self.caches.items(RAYJOBS, namespace)
+            if selected(r["metadata"].get("labels") or {}, selector)
+        ]
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        if not self.caches.ready:
+            return await super().list_pods(namespace, selector)
+        return [
+            p
+            for p in self.caches.items(PODS, namespace)
+            if selected(p["metadata"].get("labels") or {}, selector)
+        ]
+
+    async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        if not self.caches.ready:
+            return await super().list_quotas(namespace)
+        return self.caches.items(QUOTAS, namespace)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        if not self.caches.ready:
+            return await super().list_nodes()
+        return [
+            NodeInfo(
+                n["metadata"]["name"], n["metadata"].get("labels") or {}, n["status"].get("allocatable") or {}
+            )
+            for n in self.caches.items(NODES, None)
+            if not n["spec"].get("unschedulable")
+        ]
