@@ -88,8 +88,6 @@ def megatron_conversion(job: Job, cache_root: str) -> Wanted:
         "--pp",
         str(par.pipeline),
     ]
-    if spec.model.trust_remote_code:
-        args.append("--trust-remote-code")
     return Wanted(
         child_name(job.name, "convert"),
         MEGATRON,
@@ -163,19 +161,6 @@ def final_export(job: Job) -> Wanted | None:
 def entries(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """status.conversions by RayJob name."""
     return {e["rayJob"]: dict(e) for e in status.get("conversions") or [] if e.get("rayJob")}
-
-
-def finished(entry: Mapping[str, Any] | None) -> bool:
-    return entry is not None and entry.get("state") in (SUCCEEDED, FAILED)
-
-
-def to_run(wanted: Wanted, status: Mapping[str, Any], exists: bool) -> bool:
-    """Whether to look up (and create if missing) this conversion's RayJob: not when it succeeded
-    already, nor when it failed and its RayJob is still there (deleting it asks for another try)."""
-    entry = entries(status).get(wanted.name)
-    if entry is None or entry.get("state") == RUNNING:
-        return True
-    return entry.get("state") == FAILED and not exists
 
 
 def state_of(rayjob: Mapping[str, Any]) -> tuple[str, str]:

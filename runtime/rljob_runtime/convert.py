@@ -5,7 +5,7 @@ conversion against its source.
     python -m rljob_runtime.convert hf-to-dist --model HF_DIR --out DIST_DIR [--tp N --pp N] [--dtype D]
     python -m rljob_runtime.convert dist-to-hf --checkpoint DIST_DIR --model HF_DIR --out HF_OUT [--dtype D]
     python -m rljob_runtime.convert verify --checkpoint DIST_OR_HF_DIR --model HF_DIR [--atol X]
-    python -m rljob_runtime.convert megatron-cache --model MODEL [--tp N --pp N] [--trust-remote-code]
+    python -m rljob_runtime.convert megatron-cache --model MODEL [--tp N --pp N]
     python -m rljob_runtime.convert export --checkpoints DIR --step N --out OUT [--model MODEL]
 
 ``hf-to-dist`` builds the Megatron GPTModel at TP 1 / PP 1 in one CPU process (gloo), loads the HF
@@ -38,8 +38,8 @@ job's result: success, or ``conversion failed: ...`` / ``export failed: ...`` na
 file, exit status 1). ``megatron-cache`` resolves ``model.path`` (a hub id downloads into $HF_HOME)
 and converts it once into the model cache (``megatron_cache.py``: one directory per weights
 revision, reused by every later job, a file lock against two jobs converting it at once).
-``--trust-remote-code`` is accepted as training accepts it and changes nothing: the conversion reads
-config.json and the safetensors and runs no model code. ``export`` writes the saved iteration N of a
+The conversion reads config.json and the safetensors and runs no model code (so it needs no
+``trust_remote_code``). ``export`` writes the saved iteration N of a
 run as a Hugging Face directory at OUT: dist-to-hf of ``iter_N/dist`` (megatron backend; the result
 is compared with ``iter_N/model`` too) or a checked copy of ``iter_N/model`` (torch backend), with
 the record ``rljob-export.json`` written last and the directory renamed into place; run again, it
@@ -603,11 +603,6 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--model", required=True, help="the job's model.path: a directory or a hub id")
     cache.add_argument("--tp", type=int, default=1, help="tensor parallel size the job uses (checked only)")
     cache.add_argument("--pp", type=int, default=1, help="pipeline parallel size the job uses (checked only)")
-    cache.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="accepted as training accepts it (no model code runs)",
-    )
     exp = sub.add_parser("export", help="a run's saved iteration -> HF directory")
     exp.add_argument("--checkpoints", required=True, help="the run's checkpoint.path")
     exp.add_argument("--step", type=int, required=True, help="the iteration to export (iter_<step>)")

@@ -172,15 +172,23 @@ def test_a_megatron_iteration_is_converted_from_its_dist_checkpoint(
     assert main(argv) == 0 and capsys.readouterr().out.strip() == f"reused {out}"
 
 
+def _copy_iteration(megatron_run: dict[str, Any], tmp_path: Path) -> tuple[Path, Path]:
+    """The megatron run's iteration 1 copied into a checkpoint directory of the test's own."""
+    import shutil
+
+    root = tmp_path / "ckpt"
+    iteration = store.iteration_dir(root, 1)
+    shutil.copytree(store.iteration_dir(megatron_run["root"], 1), iteration)
+    return root, iteration
+
+
 @pytest.mark.slow
 def test_a_dist_iteration_without_model_dir_needs_model(
     megatron_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import shutil
 
-    root = tmp_path / "ckpt"
-    iteration = store.iteration_dir(root, 1)
-    shutil.copytree(store.iteration_dir(megatron_run["root"], 1), iteration)
+    root, iteration = _copy_iteration(megatron_run, tmp_path)
     shutil.rmtree(store.model_dir(iteration))
     argv = ["export", "--checkpoints", str(root), "--step", "1", "--out", str(tmp_path / "out")]
     assert main(argv) == 1
@@ -199,13 +207,9 @@ def test_a_dist_iteration_without_model_dir_needs_model(
 def test_a_model_dir_that_disagrees_with_dist_fails_naming_the_tensor(
     megatron_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
-    root = tmp_path / "ckpt"
-    iteration = store.iteration_dir(root, 1)
-    shutil.copytree(store.iteration_dir(megatron_run["root"], 1), iteration)
+    root, iteration = _copy_iteration(megatron_run, tmp_path)
     weights = store.model_dir(iteration) / "model.safetensors"
     state = load_file(str(weights))
     state["model.norm.weight"][0] += 1.0

@@ -207,7 +207,7 @@ def test_megatron_cache_converts_over_a_partial_one_then_reuses_it_untouched(
 
     before = tree_stat(target)
     monkeypatch.setenv("RLJOB_CACHE", str(first_conversion["base"] / "cache"))
-    code, out, _ = run_main(["megatron-cache", "--model", str(model), "--tp", "2", "--trust-remote-code"])
+    code, out, _ = run_main(["megatron-cache", "--model", str(model), "--tp", "2"])
     assert (code, out) == (0, [f"reused {target} (converted {record['converted_at']})"])
     assert tree_stat(target) == before
 

@@ -94,6 +94,19 @@ def test_entrypoint_annotation_replaces_the_runtime_command_for_debugging() -> N
     assert spec["entrypoint"] == "sleep 3600" and JOB_ENV in spec["runtimeEnvYAML"]
 
 
+def test_entrypoint_env_annotation_goes_before_every_entrypoint() -> None:
+    from rljob_operator.build import build_conversion_rayjob
+    from rljob_operator.conversions import export_conversion
+
+    job = job_from_spec(annotations={"rljob.dev/entrypoint-env": "RLJOB_CACHE=/tmp/c HF_HOME=/tmp/h"})
+    training = build_rayjob(job, BuildSettings(), suspend=False)["spec"]["entrypoint"]
+    conversion = build_conversion_rayjob(job, BuildSettings(), export_conversion(job, 1))["spec"][
+        "entrypoint"
+    ]
+    assert training == "RLJOB_CACHE=/tmp/c HF_HOME=/tmp/h rljob-runtime train --config env:RLJOB_JOB"
+    assert conversion.startswith("RLJOB_CACHE=/tmp/c HF_HOME=/tmp/h rljob-runtime convert export ")
+
+
 def test_lifecycle_fields_come_from_the_spec() -> None:
     job = job_from_spec(
         {
