@@ -11,8 +11,6 @@ import json
 import os
 import resource
 import signal
-import socket
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from spawned_ranks import spawn_ranks
 
 from rljob_runtime.checkpoint.agree import dist_failures, failures_by_all_reduce, write_agreed
 from rljob_runtime.checkpoint.errors import CheckpointWriteError
@@ -179,22 +178,6 @@ def _worker(rank: int, port: int, out: str, directory: str) -> None:
     dist.destroy_process_group()
 
 
-def spawn_two(worker: Callable[..., None], *args: Any) -> None:
-    """Run worker(rank, port, *args) on two processes; fail (killing them) past TIMEOUT_S."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.spawn(worker, args=(port, *args), nprocs=2, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"ranks still running after {TIMEOUT_S:.0f} s: a rank waits in a collective")
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """One run of _worker on two gloo processes (spawning is the slow part): its directory and each
@@ -203,7 +186,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
     (directory / "source").mkdir()
     (directory / "source" / "tokenizer_config.json").write_text("{}")
     out = directory / "result"
-    spawn_two(_worker, str(out), str(directory))
+    spawn_ranks(_worker, str(out), str(directory), timeout_s=TIMEOUT_S)
     return directory, [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
 
 

@@ -4,7 +4,6 @@ temperature; split over two tensor-parallel ranks (gloo); and glued onto a real 
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 import torch.distributed as dist
+from spawned_ranks import spawn_ranks
 
 from rljob_runtime.trainer.megatron.lm_head import (
     chunk_tokens,
@@ -102,13 +102,8 @@ def _tp_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_tensor_parallel_ranks(tmp_path: Any) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = str(tmp_path / "diff")
-    mp.spawn(_tp_worker, args=(port, out), nprocs=2)
+    spawn_ranks(_tp_worker, out)
     for rank in range(2):
         diffs = torch.load(f"{out}.{rank}")
         assert max(diffs) < 1e-5, f"rank {rank}: max diffs (logp, grad hidden, grad weight) {diffs}"

@@ -9,7 +9,6 @@ default causal mask, the TP RNG tracker around attention dropout); the fixture r
 from __future__ import annotations
 
 import contextlib
-import socket
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
 from megatron.core.tensor_parallel import random as mp_random  # noqa: E402
+from spawned_ranks import spawn_ranks  # noqa: E402
 
 from rljob_runtime.trainer.megatron import model_shape, validate_parallelism  # noqa: E402
 from rljob_runtime.trainer.megatron.model import (  # noqa: E402
@@ -161,13 +161,8 @@ def _two_rank_worker(rank: int, port: int, config: dict[str, Any], tp: int, pp: 
 def test_two_ranks_tp_or_pp(tmp_path: Any, config: dict[str, Any], tp: int, pp: int) -> None:
     """TP=2: logits equal transformers' and the TP-gathered export is exact; PP=2: the stages' exports
     merge to the original weights (PP forward needs Megatron's schedule: covered by the backend)."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = str(tmp_path / "result")
-    mp.spawn(_two_rank_worker, args=(port, config, tp, pp, out), nprocs=2)
+    spawn_ranks(_two_rank_worker, config, tp, pp, out)
     for rank in range(2):
         result = torch.load(f"{out}.{rank}")
         assert result["exact"], f"rank {rank}: export differs"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import json
-import socket
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 import torch.distributed as dist
+from spawned_ranks import spawn_ranks
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.checkpoint.errors import CheckpointWriteError
@@ -295,16 +295,11 @@ def _two_ranks(rank: int, port: int, model_dir: str, root: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
     if torch.cuda.is_available():
         pytest.skip("CPU test (the GPU variant: test_distributed_optimizer_reshards_on_two_gpus)")
     root = tmp_path_factory.mktemp("reshard")
     model_dir = write_model(root / "hf")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_two_ranks, args=(port, str(model_dir), str(root)), nprocs=2)
+    spawn_ranks(_two_ranks, str(model_dir), str(root))
     results = [torch.load(root / f"result.{r}", weights_only=False) for r in range(2)]
     return {"root": root, "model": model_dir, "ranks": results, **results[0]}
 
@@ -509,14 +504,9 @@ def test_distributed_optimizer_reshards_on_two_gpus(tmp_path: Path) -> None:
     TP 1 x DP 2 holds the same global tensors as the TP 2 one (model, fp32 main params, moments), the
     weights are restored exactly, and the resumed second step matches the uninterrupted one (float32:
     to float32 noise; bfloat16: all but a few weights equal, while the step moves them by about lr)."""
-    import torch.multiprocessing as mp
-
     write_model(tmp_path / "tied", TIED)
     write_model(tmp_path / "untied", CONFIG)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_gpu_ranks, args=(port, str(tmp_path), GPU_CHAINS), nprocs=2)
+    spawn_ranks(_gpu_ranks, str(tmp_path), GPU_CHAINS)
     results = torch.load(tmp_path / "gpu.0", weights_only=False)
     for fmt, dtype, config in GPU_CHAINS:
         name = f"{fmt}-{dtype}-{config}"
