@@ -74,7 +74,7 @@ class ApiModel(BaseModel):
         for name, info in cls.model_fields.items():
             if info.default_factory is None:
                 continue
-            value = info.default_factory()  # type: ignore[call-arg]
+            value = info.get_default(call_default_factory=True)
             if isinstance(value, BaseModel):
                 value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
             schema["properties"][info.alias or name]["default"] = value

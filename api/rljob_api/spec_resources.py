@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -134,7 +134,7 @@ class SecretsSpec(ApiModel):
 class PodResources(ApiModel):
     """CPU and memory of one group of pods, and what users add to them."""
 
-    rules = (
+    rules: ClassVar[tuple[Rule, ...]] = (
         reserved_env_rule(),
         reserved_labels_rule(),
         qualified_keys_rule("labels", "labels"),

@@ -7,17 +7,17 @@ The operator writes everything but `progress` (field manager rljob-operator); th
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
 from .base import ApiModel, LabelName, Name
 
 Phase = Literal["Pending", "Queued", "Converting", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
-PHASES: tuple[str, ...] = Phase.__args__
+PHASES: tuple[str, ...] = get_args(Phase)
 
 ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
-CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__
+CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 
 # Exit status of `rljob-runtime train` for a failure a restart cannot fix (sysexits' EX_CONFIG): the
 # job's config, data or model was refused, or the run cannot go on as specified. Ray puts it in the

@@ -133,7 +133,7 @@ def _volumes(job: Job, *, shm: bool) -> tuple[list[dict[str, Any]], list[dict[st
         else {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
     ]
     mounts: list[dict[str, Any]] = [
-        _mount(CHECKPOINT_VOLUME, spec.checkpoint.path, checkpoint and checkpoint.sub_path)
+        _mount(CHECKPOINT_VOLUME, spec.checkpoint.path, checkpoint.sub_path if checkpoint else None)
     ]
     cache = res.model_cache
     volumes.append(
@@ -141,7 +141,7 @@ def _volumes(job: Job, *, shm: bool) -> tuple[list[dict[str, Any]], list[dict[st
         if cache is not None
         else {"name": MODEL_CACHE_VOLUME, "emptyDir": {}}
     )
-    mounts.append(_mount(MODEL_CACHE_VOLUME, MODEL_CACHE_PATH, cache and cache.sub_path))
+    mounts.append(_mount(MODEL_CACHE_VOLUME, MODEL_CACHE_PATH, cache.sub_path if cache else None))
     token = res.secrets.hugging_face_token
     if token is not None:
         # A file readable by the pods' user only; huggingface_hub reads it through HF_TOKEN_PATH.

@@ -94,10 +94,14 @@ def secrets_needed(job: Job) -> list[tuple[str, str]]:
     ):
         if ref is not None and not ref.optional:
             needed.append((field, ref.name))
-    groups = [("resources", res), ("resources.head", res.head), ("resources.trainer", res.trainer)]
-    groups.append(("resources.rollout", res.rollout))
-    for prefix, section in groups:
-        for i, env in enumerate(section.env):
+    groups = [
+        ("resources", res.env),
+        ("resources.head", res.head.env),
+        ("resources.trainer", res.trainer.env),
+        ("resources.rollout", res.rollout.env),
+    ]
+    for prefix, envs in groups:
+        for i, env in enumerate(envs):
             ref = env.value_from.secret_key_ref if env.value_from else None
             if ref is not None and not ref.optional:
                 needed.append((f"{prefix}.env[{i}] ({env.name})", ref.name))

@@ -132,7 +132,9 @@ def exporting(status: Mapping[str, Any]) -> bool:
     """Whether the job's last status says training finished and the final export is not done."""
     if status.get("phase") != "Converting":
         return False
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    ready: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
     return ready.get("reason") in (EXPORTING, EXPORT_FAILED)
 
 

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rljob_api.spec import RLTrainingJobSpec
+
+    from .rollout.base import Rollout
+    from .trainer.base import TrainerBackend
 
 Metrics = dict[str, float]
 
 
 class Turns:
-    def __init__(self, spec: Any, trainer: Any, rollout: Any) -> None:
+    def __init__(self, spec: RLTrainingJobSpec, trainer: TrainerBackend, rollout: Rollout | None) -> None:
         self.colocated = bool(spec.resources.colocate)
         self.offload = self.colocated and spec.resources.device == "cuda"
-        self.trainer, self.rollout = trainer, rollout
+        # The rollout is set once the engines exist (after ``start``, which makes room for them).
+        self.trainer: TrainerBackend = trainer
+        self.rollout: Rollout | None = rollout
         # Where the engines' GPU memory is, so a trainer restart in any phase knows what to undo:
         # released for the trainer, and whether their weights came back already (to_engines).
         self.engines_released = False
@@ -42,7 +50,7 @@ class Turns:
     def to_trainer(self) -> Metrics:
         metrics: Metrics = {}
         if self.colocated:
-            self._phase(metrics, "release_engines", self.rollout.release_memory)
+            self._phase(metrics, "release_engines", self._engines().release_memory)
             self.engines_released, self.engine_weights_back = True, False
         if self.offload:
             self._phase(metrics, "onload_trainer", self.trainer.onload)
@@ -52,23 +60,28 @@ class Turns:
         """Before a restarted trainer group starts: colocated engines that hold the GPU release it,
         so the new ranks can load (``to_engines`` then gives it back, with the reloaded weights)."""
         if self.colocated and not self.engines_released:
-            self.rollout.release_memory()
+            self._engines().release_memory()
             self.engines_released, self.engine_weights_back = True, False
 
     def to_engines(self, sync: Callable[[], Metrics]) -> Metrics:
         metrics: Metrics = {}
         if self.colocated and not self.engine_weights_back:
-            self._phase(metrics, "resume_engine_weights", lambda: self.rollout.resume_memory(["weights"]))
+            self._phase(metrics, "resume_engine_weights", lambda: self._engines().resume_memory(["weights"]))
             self.engine_weights_back = True
         metrics.update(sync())
         if self.offload:
             self._phase(metrics, "offload_trainer", self.trainer.offload)
         if self.colocated:
             self._phase(
-                metrics, "resume_engine_kv", lambda: self.rollout.resume_memory(["kv_cache", "cuda_graph"])
+                metrics, "resume_engine_kv", lambda: self._engines().resume_memory(["kv_cache", "cuda_graph"])
             )
             self.engines_released = False
         return metrics
+
+    def _engines(self) -> Rollout:
+        if self.rollout is None:
+            raise RuntimeError("colocated turns: the engines do not exist yet")
+        return self.rollout
 
     def _phase(self, metrics: Metrics, name: str, action: Callable[[], Any]) -> None:
         started = time.perf_counter()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
@@ -33,7 +33,7 @@ from .checkpoint import store
 from .checkpoint.errors import CheckpointWriteError
 from .colocation import Turns
 from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
-from .data.rewards.base import scalar_reward
+from .data.rewards.base import RewardFunction, scalar_reward
 from .data.rewards.build import build_reward, reward_needs_label
 from .data.sample import Sample, Status
 from .models import resolve_model, resolve_tokenizer
@@ -43,6 +43,10 @@ from .step_rollout import StepRollout, next_rollout_async, step_rollout
 from .sync import WeightTransport, make_transport
 from .trainer_restart import RestartsExhausted, TrainerRestarts, one_line
 from .wandb_log import RunIdentity, WandbLogger
+
+if TYPE_CHECKING:
+    from .rollout.base import Rollout
+    from .trainer.base import TrainerBackend
 
 log = logging.getLogger("rljob.driver")
 
@@ -59,7 +63,7 @@ class Prepared:
     model_path: str
     source: PromptSource
     eval_sets: list[EvalDataset]
-    reward: Any
+    reward: RewardFunction
     dropped_prompts: int
 
 
@@ -242,25 +246,26 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         wandb=WandbLogger.start(options.identity or RunIdentity(), spec.to_document()),
     )
     crew: Crew | None = None
-    rollout = None
+    trainer: TrainerBackend | None = None
+    rollout: Rollout | None = None
     try:
         placement = create_placement(spec)
         # A restart of the trainer group starts it again on the same bundles.
         new_trainer = functools.partial(create_trainer, spec, prepared.model_path, placement.trainer)
-        crew = Crew(new_trainer(), None, transport, new_trainer)
-        resumed = _load_checkpoint(prepared, options, crew.trainer)
-        crew.turns = Turns(spec, crew.trainer, None)
-        start_metrics = crew.turns.start()  # colocated: the trainer's state leaves the GPU for the engines
-        rollout = RolloutManager.create(
+        trainer = new_trainer()
+        resumed = _load_checkpoint(prepared, options, trainer)
+        turns = Turns(spec, trainer, None)
+        start_metrics = turns.start()  # colocated: the trainer's state leaves the GPU for the engines
+        rollout = turns.rollout = RolloutManager.create(
             spec,
             prepared.model_path,
             placement,
             # a resumed run's engines load the checkpoint's HF export: no sync needed to catch up
             weights_path=store.model_dir(resumed.directory) if resumed is not None else None,
         )
+        crew = Crew(trainer, rollout, transport, new_trainer, turns)
         # A relaunched engine gets the current trainer's weights (the one a restart put in place).
-        rollout.refresher = lambda url: transport.refresh(crew.trainer, rollout, url)
-        crew.rollout = crew.turns.rollout = rollout
+        rollout.refresher = functools.partial(_refresh, crew)
         if resumed is not None:
             rollout.set_weight_version(resumed.step)
         elif spec.model.megatron_checkpoint is not None:
@@ -276,7 +281,9 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         if rollout is not None:
             rollout.shutdown()
         if crew is not None:
-            crew.trainer.shutdown()
+            crew.trainer.shutdown()  # the current one (a restart replaces it)
+        elif trainer is not None:
+            trainer.shutdown()
         if started_ray:
             ray.shutdown()
 
@@ -286,11 +293,16 @@ class Crew:
     """The run's live parts. A trainer restart replaces ``trainer`` (``new_trainer`` starts one on
     the run's placement); the engines, the router and the transport stay."""
 
-    trainer: Any
-    rollout: Any
+    trainer: TrainerBackend
+    rollout: Rollout
     transport: WeightTransport
-    new_trainer: Callable[[], Any]
-    turns: Turns = field(init=False)
+    new_trainer: Callable[[], TrainerBackend]
+    turns: Turns
+
+
+def _refresh(crew: Crew, url: str) -> None:
+    """``RolloutManager.refresher``: the relaunched engine at ``url`` gets the current trainer's weights."""
+    crew.transport.refresh(crew.trainer, crew.rollout, url)
 
 
 def unwind_on_sigterm() -> None:
@@ -432,7 +444,7 @@ def _settle(pending: Future[StepRollout] | None) -> None:
             pending.result()
 
 
-def _lost_trainer_ranks(trainer: Any, exc: Exception) -> list[int]:
+def _lost_trainer_ranks(trainer: TrainerBackend, exc: Exception) -> list[int]:
     """The trainer ranks that are gone, when ``exc`` came with (or from) their loss; else none."""
     if isinstance(exc, RunError) or not hasattr(trainer, "lost_ranks"):
         return []
@@ -489,7 +501,7 @@ def _restart_trainer(
     return resume_step, _ready(buffered)
 
 
-def _train(spec: RLTrainingJobSpec, trainer: Any, samples: list[Sample]) -> dict[str, float]:
+def _train(spec: RLTrainingJobSpec, trainer: TrainerBackend, samples: list[Sample]) -> dict[str, float]:
     import torch
 
     from .algo.advantages import compute_advantages
@@ -535,7 +547,7 @@ def rollout_metrics(
     }
 
 
-def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
+def evaluate(prepared: Prepared, rollout: Rollout) -> dict[str, float]:
     """Mean reward per evaluation dataset, sampled with data.eval's settings."""
     spec = prepared.spec
     out = {}
@@ -555,7 +567,7 @@ def evaluate(prepared: Prepared, rollout: Any) -> dict[str, float]:
 
 
 def _checkpoint(
-    prepared: Prepared, trainer: Any, step: int, rng: random.Random, buffer: StepRollout | None
+    prepared: Prepared, trainer: TrainerBackend, step: int, rng: random.Random, buffer: StepRollout | None
 ) -> Path | None:
     """Save step ``step``. A failed write (disk full, quota, I/O error) leaves the previous checkpoint
     as the latest and training goes on, except for the last step's save, which the run needs."""
@@ -571,7 +583,7 @@ def _checkpoint(
 
 def _save(
     prepared: Prepared,
-    trainer: Any,
+    trainer: TrainerBackend,
     root: Path,
     step: int,
     rng: random.Random,
@@ -603,7 +615,7 @@ class Resumed:
     directory: Path
 
 
-def _load_checkpoint(prepared: Prepared, options: RunOptions, trainer: Any) -> Resumed | None:
+def _load_checkpoint(prepared: Prepared, options: RunOptions, trainer: TrainerBackend) -> Resumed | None:
     """The latest complete checkpoint into the trainer (before the engines start: they load its HF
     export, and a colocated trainer still holds the GPU), per checkpoint.resume."""
     policy = options.resume or prepared.spec.checkpoint.resume

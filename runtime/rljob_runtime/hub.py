@@ -99,7 +99,7 @@ def _quiet_tqdm() -> type[Any]:
     """huggingface_hub's own progress bars, silenced: ``_DownloadWatch`` reports progress instead."""
     from huggingface_hub.utils.tqdm import tqdm
 
-    class QuietTqdm(tqdm):  # type: ignore[misc]
+    class QuietTqdm(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)

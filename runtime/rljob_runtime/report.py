@@ -15,13 +15,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rljob_api.contract import RUNTIME_FIELD_MANAGER, RUNTIME_MESSAGE_FIELD_MANAGER
 from rljob_api.events import event_body
 from rljob_api.resource import API_VERSION, KIND
 
 from .wandb_log import WandbLogger
+
+if TYPE_CHECKING:
+    from kubernetes.client import CustomObjectsApi
 
 log = logging.getLogger("rljob.report")
 
@@ -143,7 +146,7 @@ class ProgressReporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(tensorboard_dir)
-        self._api = None
+        self._api: CustomObjectsApi | None = None  # made on first use
         self._message_cleared = False
         self._progress: dict[str, Any] = {}  # the last step's status.progress, repeated by restarts
         self._restarts: dict[str, Any] = {}  # trainerRestarts, lastTrainerRestart once there was one
@@ -257,7 +260,7 @@ class ProgressReporter:
             self.wandb.finish()
 
 
-def _status_api() -> Any:
+def _status_api() -> CustomObjectsApi:
     from kubernetes import client, config
 
     try:

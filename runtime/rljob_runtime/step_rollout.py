@@ -18,7 +18,9 @@ from .data.rewards.base import scalar_reward
 from .data.sample import Sample
 
 if TYPE_CHECKING:
+    from .data.rewards.base import RewardFunction
     from .driver import Prepared
+    from .rollout.base import Rollout
 
 
 @dataclass
@@ -37,14 +39,14 @@ def next_samples(prepared: Prepared) -> list[Sample]:
     return samples
 
 
-def step_rollout(prepared: Prepared, rollout: Any) -> StepRollout:
+def step_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
     """One step's samples, generated now: rollout.batchSize groups, or dynamic sampling's."""
     if prepared.spec.algorithm.dynamic_sampling.enabled:
         return dynamic_rollout(prepared, rollout)
     return StepRollout(rollout.generate(next_samples(prepared)))
 
 
-def next_rollout_async(prepared: Prepared, rollout: Any) -> Future[StepRollout]:
+def next_rollout_async(prepared: Prepared, rollout: Rollout) -> Future[StepRollout]:
     """The next step's rollout, in flight while this step trains."""
     if prepared.spec.algorithm.dynamic_sampling.enabled:
         # Rounds, scoring and the abort are driven from a thread of their own.
@@ -88,7 +90,7 @@ class _SamplingCounters:
     reward_s: float = 0.0
 
 
-def dynamic_rollout(prepared: Prepared, rollout: Any) -> StepRollout:
+def dynamic_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
     """DAPO dynamic sampling: rounds of over-sampled prompts, one request batch per group; each group
     is scored as it completes and kept if its rewards differ; once rollout.batchSize groups are kept
     the requests still in flight are aborted. Out of rounds, the step trains on the kept groups,
@@ -124,7 +126,7 @@ def dynamic_rollout(prepared: Prepared, rollout: Any) -> StepRollout:
 
 def _collect_round(
     prepared: Prepared,
-    rollout: Any,
+    rollout: Rollout,
     sampler: DynamicSampler[tuple[int, list[Sample]]],
     futures: dict[Future[list[Sample]], int],
     counters: _SamplingCounters,
@@ -148,7 +150,7 @@ def _collect_round(
             rollout.abort()
 
 
-async def _score_groups(reward: Any, groups: list[list[Sample]]) -> None:
+async def _score_groups(reward: RewardFunction, groups: list[list[Sample]]) -> None:
     await asyncio.gather(*(reward.score(group) for group in groups))
 
 

@@ -94,6 +94,8 @@ class WandbLogger:
 
     def _finish_quietly(self) -> None:
         run, self.run = self.run, None
+        if run is None:
+            return
         try:
             run.finish()
         except Exception as exc:

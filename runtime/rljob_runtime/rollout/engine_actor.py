@@ -110,7 +110,7 @@ def cudart_dir() -> str | None:
     layout), or torch/lib."""
     import importlib.util
 
-    roots = []
+    roots: list[Path] = []
     for package in ("nvidia", "torch"):
         spec = importlib.util.find_spec(package)
         if spec is not None and spec.submodule_search_locations:
@@ -242,7 +242,8 @@ class EngineProcess:
         self._proc = self._spawner.submit(procs.spawn, cmd, log_path=self._log, env=env).result()
         self._url = f"http://{self.host}:{port}"
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_healthy(self, deadline: float) -> str:
+        """Until the server launched by ``_launch_once`` is healthy; its URL."""
         assert self._proc is not None and self._url is not None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -250,7 +251,7 @@ class EngineProcess:
                     self._failure(f"exited with code {self._proc.returncode} while starting")
                 )
             if _http_status(f"{self._url}/health_generate", timeout=30) == 200:
-                return
+                return self._url
             time.sleep(0.5)
         raise EngineStartError(self._failure(f"was not healthy after {self.startup_timeout_s:.0f} s"))
 
@@ -269,8 +270,7 @@ class EngineProcess:
             for attempt in range(3):
                 self._launch_once(path, free_port(self.host))
                 try:
-                    self._wait_healthy(deadline)
-                    return self._url  # type: ignore[return-value]
+                    return self._wait_healthy(deadline)
                 except EngineStartError as err:
                     procs.kill_group(self._proc)
                     # another process took the port between free_port() and bind: try another one

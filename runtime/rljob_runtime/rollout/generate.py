@@ -24,12 +24,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from ..data.sample import Sample, Status
 from . import protocol
+
+if TYPE_CHECKING:
+    from rljob_api.spec_rollout import RolloutSpec
 
 log = logging.getLogger("rljob.rollout.generate")
 
@@ -63,7 +66,7 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.backoff_s * self.backoff_multiplier ** (failures - 1))
 
 
-def sampling_params_from_spec(rollout: Any, **overrides: Any) -> dict[str, Any]:
+def sampling_params_from_spec(rollout: RolloutSpec, **overrides: Any) -> dict[str, Any]:
     """``sampling_params`` for a ``RolloutSpec`` (max_new_tokens = maxResponseLen); overrides win."""
     params: dict[str, Any] = dict(
         temperature=rollout.temperature,

@@ -53,13 +53,18 @@ class SamplingParams:
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> SamplingParams:
         data = data or {}
+
+        def given(key: str, default: float) -> Any:  # an explicit null means the default
+            value = data.get(key)
+            return default if value is None else value
+
         stop = data.get("stop")
         params = cls(
-            temperature=float(data.get("temperature", 1.0) if data.get("temperature") is not None else 1.0),
-            top_p=float(data.get("top_p") if data.get("top_p") is not None else 1.0),
-            top_k=int(data.get("top_k") if data.get("top_k") is not None else -1),
+            temperature=float(given("temperature", 1.0)),
+            top_p=float(given("top_p", 1.0)),
+            top_k=int(given("top_k", -1)),
             min_p=float(data.get("min_p") or 0.0),
-            max_new_tokens=int(data.get("max_new_tokens") if data.get("max_new_tokens") is not None else 128),
+            max_new_tokens=int(given("max_new_tokens", 128)),
             stop=[stop] if isinstance(stop, str) else list(stop or []),
             stop_token_ids={int(t) for t in data.get("stop_token_ids") or []},
             skip_special_tokens=bool(data.get("skip_special_tokens", True)),

@@ -50,6 +50,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import sys
@@ -143,8 +144,9 @@ class HFServer(WeightEndpoints):
                 try:
                     await loop.run_in_executor(
                         self.executor,
-                        lambda b=batch: self.engine.run_batch(
-                            b,
+                        functools.partial(
+                            self.engine.run_batch,
+                            batch,
                             should_yield=self._should_yield,
                             on_finish=self._on_finish_threadsafe,
                             weight_version=lambda: self.weight_version,
@@ -208,7 +210,8 @@ class HFServer(WeightEndpoints):
             return bad_request("body is not JSON")
         if not isinstance(body, dict):
             return bad_request("body must be a JSON object")
-        text, input_ids = body.get("text"), body.get("input_ids")
+        text: Any = body.get("text")  # JSON: checked below
+        input_ids: Any = body.get("input_ids")
         if (text is None) == (input_ids is None):
             return bad_request("give exactly one of text and input_ids")
         batched = isinstance(text, list) or (

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import ray
@@ -42,6 +42,11 @@ from .errors import EngineGone, EngineRestartsExhausted, RolloutError, WeightUpd
 from .generate import RetryPolicy, generate_samples, sampling_params_from_spec
 from .router import Router
 
+if TYPE_CHECKING:
+    from rljob_api.spec import RLTrainingJobSpec
+
+    from ..placement import Placement
+
 log = logging.getLogger("rljob.rollout.manager")
 
 T = TypeVar("T")
@@ -53,7 +58,7 @@ class RolloutManager:
     def __init__(
         self,
         *,
-        spec: Any,
+        spec: RLTrainingJobSpec,
         router: Router,
         engines: list[Engine],
         actor_kwargs: Callable[[int], dict[str, Any]],
@@ -103,9 +108,9 @@ class RolloutManager:
     @classmethod
     def create(
         cls,
-        spec: Any,
+        spec: RLTrainingJobSpec,
         model_path: str | Path,
-        placement: Any,
+        placement: Placement,
         *,
         refresher: Refresher | None = None,
         health: HealthCheck | None = None,
@@ -145,7 +150,7 @@ class RolloutManager:
                 startup_timeout_s=startup_timeout_s,
             )
 
-        actors = [
+        actors: list[Any] = [  # Ray actor handles
             EngineActor.options(**actor_options(slot, colocated=placement.colocated, device=device)).remote(
                 **actor_kwargs(index)
             )
@@ -271,6 +276,7 @@ class RolloutManager:
             if self._hook is not None:
                 return
             hook = load_hook(path)
+            source: str | None
             if self.spec.model.tokenizer:  # a directory, or a hub id: the copy prepare downloaded
                 from ..models import resolve_tokenizer
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .base import WeightTransport
 from .buckets import DEFAULT_BUCKET_BYTES
-from .cuda_ipc import IPC_BUCKET_BYTES
+from .cuda_ipc import IPC_BUCKET_BYTES, Codec
 
 if TYPE_CHECKING:  # lazily: engines import sync.cuda_ipc without the API package
     from rljob_api.spec import RLTrainingJobSpec
@@ -72,7 +72,7 @@ def make_transport(
     kind = transport or choose_transport(spec, single_node=single_node)
     cast = spec.model.dtype if spec.resources.device == "cuda" else None
     if kind == "cuda_ipc":
-        codec = "sglang" if spec.rollout.engine == "sglang" else "rljob"
+        codec: Codec = "sglang" if spec.rollout.engine == "sglang" else "rljob"
         return IpcTransport(codec, cast, bucket_bytes or IPC_BUCKET_BYTES)
     if kind == "nccl":
         return DistributedTransport(cast, bucket_bytes or DEFAULT_BUCKET_BYTES, group_backend)

@@ -4,7 +4,8 @@ A transport (one class per way weights travel, as slime's ``update_weight_from_{
 disk}``) pushes the trainer's current weights into every serving engine (``push``) and into one
 relaunched engine (``refresh``). The frame of an update (pause, flush, version, continue, engines
 lost mid-way) is the rollout manager's (``RolloutManager.updating``); the transport only moves
-bytes: it asks the trainer for them and posts its own requests.
+bytes: it asks the trainer for them (``WeightSender``: ``TrainerGroup`` offers every transport's
+calls; each transport types the part it uses) and posts its own requests.
 """
 
 from __future__ import annotations
@@ -13,9 +14,56 @@ import abc
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # engines import sync/ modules without needing these at run time
+    import torch
 
 Metrics = dict[str, float]
+
+
+class NamedWeights(Protocol):
+    """The trainer as the CPU transports (disk, tensors) use it."""
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under Hugging Face names, CPU copies."""
+        ...
+
+
+class IpcSender(Protocol):
+    """The trainer as the CUDA IPC transport uses it: rank 0 shares its buckets one at a time."""
+
+    def begin_ipc(self, max_bucket_bytes: int, codec: str, cast: str | None) -> tuple[int, int]: ...
+
+    def ipc_bucket_async(self, index: int) -> Any: ...
+
+    def get(self, ref: Any) -> Any: ...
+
+    def end_ipc(self) -> dict[str, float]: ...
+
+
+class BroadcastSender(Protocol):
+    """The trainer as the NCCL transport uses it: rank 0 hosts a weight-update group and broadcasts."""
+
+    def weight_group_address(self) -> tuple[str, int]: ...
+
+    def init_weight_update_group(
+        self, address: str, port: int, world_size: int, group_name: str, backend: str
+    ) -> Any: ...
+
+    def weight_bucket_specs(self, max_bytes: int, cast: str | None = None) -> list[Any]: ...
+
+    def broadcast_weights(self, specs: list[Any]) -> list[Any]: ...
+
+    def abort_weight_update_group(self) -> None: ...
+
+    def wait(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]: ...
+
+    def close_weight_update_group(self) -> None: ...
+
+
+class WeightSender(NamedWeights, IpcSender, BroadcastSender, Protocol):
+    """Everything a transport may ask of the trainer (``TrainerGroup`` offers it all)."""
 
 
 class EngineUpdateLike(Protocol):
@@ -54,11 +102,11 @@ class RolloutSide(Protocol):
 
 
 class WeightTransport(abc.ABC):
-    """Moves weights from the trainer (a ``TrainerGroup``) into the engines (a ``RolloutSide``)."""
+    """Moves weights from the trainer (a ``WeightSender``) into the engines (a ``RolloutSide``)."""
 
     name: str = ""
 
-    def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
+    def push(self, trainer: WeightSender, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
         """Every serving engine gets the trainer's weights as ``version`` (None: the next integer);
         returns sync metrics."""
         started = time.perf_counter()
@@ -74,13 +122,13 @@ class WeightTransport(abc.ABC):
             "sync/gb_per_s": size / max(seconds, 1e-9) / 1e9,
         }
 
-    def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
+    def refresh(self, trainer: WeightSender, rollout: RolloutSide, url: str) -> None:
         """The relaunched (unregistered) engine at ``url`` gets the trainer's current weights."""
         with rollout.updating(only=url) as update:
             self._transfer(trainer, rollout, update)
 
     @abc.abstractmethod
-    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: WeightSender, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         """Move the bytes to ``update``'s engines; metrics (at least ``sync/bytes``)."""
 
     def close(self) -> None:  # noqa: B027 (optional hook: most transports hold nothing)

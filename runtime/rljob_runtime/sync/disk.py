@@ -8,10 +8,18 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ..rollout import protocol
-from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, nbytes, timed
+from .base import (
+    EngineUpdateLike,
+    Metrics,
+    NamedWeights,
+    RolloutSide,
+    WeightSender,
+    WeightTransport,
+    nbytes,
+    timed,
+)
 
 # Besides the weights, what an engine's loader reads from the directory (SGLang's disk update
 # iterates *.safetensors; config files keep the directory a loadable model for a relaunch).
@@ -30,13 +38,14 @@ class DiskTransport(WeightTransport):
     def _dir(self) -> Path:
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix="rljob-weights-", dir=self.root))
-            for name in SIDE_FILES if self.model_path else ():
-                source = Path(self.model_path) / name  # type: ignore[arg-type]
-                if source.is_file():
-                    shutil.copy2(source, self._scratch / name)
+            if self.model_path:
+                for name in SIDE_FILES:
+                    source = Path(self.model_path) / name
+                    if source.is_file():
+                        shutil.copy2(source, self._scratch / name)
         return self._scratch
 
-    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: NamedWeights, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         metrics: Metrics = {}
         with timed(metrics, "time/sync_export"):
             from safetensors.torch import save_file
@@ -48,7 +57,7 @@ class DiskTransport(WeightTransport):
         metrics["sync/bytes"] = float(nbytes(named))
         return metrics
 
-    def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
+    def refresh(self, trainer: WeightSender, rollout: RolloutSide, url: str) -> None:
         if not self._written:  # nothing on disk yet: export now
             super().refresh(trainer, rollout, url)
             return

@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..rollout import protocol
-from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, timed
+from .base import (
+    BroadcastSender,
+    EngineUpdateLike,
+    Metrics,
+    RolloutSide,
+    WeightSender,
+    WeightTransport,
+    timed,
+)
 from .buckets import DEFAULT_BUCKET_BYTES
 
 ABORTED_WAIT_S = 120.0
@@ -38,7 +46,7 @@ class DistributedTransport(WeightTransport):
         self._groups_made = 0
         self._specs: list[Any] | None = None
 
-    def _new_group(self, trainer: Any, rollout: RolloutSide, members: dict[str, int]) -> str:
+    def _new_group(self, trainer: BroadcastSender, rollout: RolloutSide, members: dict[str, int]) -> str:
         """Host a group on trainer rank 0 with these engines (URL -> TP ranks); its name."""
         self._groups_made += 1
         name = f"rljob-weights-{self._groups_made}"
@@ -71,7 +79,7 @@ class DistributedTransport(WeightTransport):
             {u: protocol.destroy_weights_update_group_body(name) for u in urls},
         )
 
-    def _ensure_group(self, trainer: Any, rollout: RolloutSide) -> float:
+    def _ensure_group(self, trainer: BroadcastSender, rollout: RolloutSide) -> float:
         """The group of every serving engine (rebuilt if one was relaunched since); seconds spent."""
         if self._group is not None and self._group_epoch == rollout.membership_epoch:
             return 0.0
@@ -85,12 +93,12 @@ class DistributedTransport(WeightTransport):
             self._group_epoch = epoch
         return metrics["t"]
 
-    def _plan(self, trainer: Any) -> list[Any]:
+    def _plan(self, trainer: BroadcastSender) -> list[Any]:
         if self._specs is None:  # names, shapes and dtypes do not change during a run
             self._specs = trainer.weight_bucket_specs(self.bucket_bytes, self.cast)
         return self._specs
 
-    def _broadcast(self, trainer: Any, update: EngineUpdateLike, group: str) -> float:
+    def _broadcast(self, trainer: BroadcastSender, update: EngineUpdateLike, group: str) -> float:
         """Bytes sent; 0 when a receiver died mid-way (the update replaces and refreshes it)."""
         specs = self._plan(trainer)
         aborted: list[bool] = []
@@ -100,6 +108,7 @@ class DistributedTransport(WeightTransport):
             trainer.abort_weight_update_group()
 
         sending = trainer.broadcast_weights(specs)
+        result: list[Any] = []  # stays empty when we aborted the broadcast
         try:
             update.post_each(
                 "/update_weights_from_distributed",
@@ -114,7 +123,7 @@ class DistributedTransport(WeightTransport):
             except Exception:
                 if not aborted:
                     raise
-                result = None  # we aborted it: the trainer's broadcast raised as it should
+                # we aborted it: the trainer's broadcast raised as it should
         if aborted:
             self._group_epoch = -1  # the group lost members: build it anew at the next push
             return 0.0
@@ -127,7 +136,7 @@ class DistributedTransport(WeightTransport):
             self._leave(rollout, self._group, list(rollout.engine_tp_sizes()))
         self._group, self._group_epoch, self._specs = None, -1, None
 
-    def push(self, trainer: Any, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
+    def push(self, trainer: WeightSender, rollout: RolloutSide, version: int | str | None = None) -> Metrics:
         metrics: Metrics = {"time/sync_group_init": self._ensure_group(trainer, rollout)}
         try:
             pushed = super().push(trainer, rollout, version)
@@ -136,7 +145,7 @@ class DistributedTransport(WeightTransport):
             raise
         return {**pushed, **metrics}
 
-    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: BroadcastSender, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         assert self._group is not None
         metrics: Metrics = {}
         try:
@@ -150,7 +159,7 @@ class DistributedTransport(WeightTransport):
         lost = float(len(getattr(update, "lost", {})))
         return {**metrics, "sync/bytes": size, "sync/buckets": float(len(specs)), "sync/engines_lost": lost}
 
-    def refresh(self, trainer: Any, rollout: RolloutSide, url: str) -> None:
+    def refresh(self, trainer: BroadcastSender, rollout: RolloutSide, url: str) -> None:
         """A group of the trainer and this engine alone; the engines' shared group is rebuilt at the
         next push (the relaunch bumped ``membership_epoch``), since rank 0 hosts one group at a time."""
         with rollout.updating(only=url) as update:

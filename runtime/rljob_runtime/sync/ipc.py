@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..rollout import protocol
-from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, timed
+from .base import EngineUpdateLike, IpcSender, Metrics, RolloutSide, WeightTransport, timed
 from .cuda_ipc import IPC_BUCKET_BYTES, Codec
 
 
@@ -24,7 +24,7 @@ class IpcTransport(WeightTransport):
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.codec, self.cast, self.bucket_bytes = codec, cast, bucket_bytes
 
-    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: IpcSender, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         metrics: Metrics = {}
         with timed(metrics, "time/sync_export"):
             count, size = trainer.begin_ipc(self.bucket_bytes, self.codec, self.cast)
@@ -34,13 +34,14 @@ class IpcTransport(WeightTransport):
                 with timed(metrics, "time/sync_share"):  # what the engines wait for beyond their loads
                     payload = trainer.get(pending)
                 pending = trainer.ipc_bucket_async(index + 1) if index + 1 < count else None
-                with timed(metrics, "time/sync_load"):
-                    update.post(
-                        "/update_weights_from_tensor",
-                        lambda url, p=payload: protocol.update_weights_from_tensor_body(
-                            [p] * update.tp_sizes[url], load_format="flattened_bucket"
-                        ),
+
+                def body(url: str, p: Any = payload) -> dict[str, Any]:  # one copy per TP rank
+                    return protocol.update_weights_from_tensor_body(
+                        [p] * update.tp_sizes[url], load_format="flattened_bucket"
                     )
+
+                with timed(metrics, "time/sync_load"):
+                    update.post("/update_weights_from_tensor", body)
         finally:
             trainer.end_ipc()
         metrics.update({"sync/bytes": float(size), "sync/buckets": float(count)})

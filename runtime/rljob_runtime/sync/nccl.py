@@ -169,7 +169,7 @@ class WeightUpdateGroup:
         )
         self._store = store  # the server lives as long as rank 0's group
         if backend == "nccl":
-            self.pg: Any = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
+            self.pg: Any = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)  # type: ignore[arg-type]  # stubs lack this overload
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
@@ -205,10 +205,12 @@ class NcclSender:
         moved, so the CPU waits for bucket i - 2 before packing bucket i: at most two packed buckets
         exist at once, not the model. On the GPU the packs and broadcasts run one after the other
         (the broadcast's wait orders the current stream); a pack is a device copy, a few ms per GB."""
-        sent, done = 0, []
+        sent = 0
+        done: list[torch.cuda.Event | None] = []  # each bucket's broadcast (no event on the CPU)
         for i, spec in enumerate(specs):
-            if i >= 2 and done[i - 2] is not None:
-                done[i - 2].synchronize()
+            older = done[i - 2] if i >= 2 else None
+            if older is not None:
+                older.synchronize()
             flat = pack([named[n] for n in spec.names], [torch_dtype(d) for d in spec.dtypes])
             self.group.broadcast(flat)
             sent += flat.numel()
@@ -218,8 +220,9 @@ class NcclSender:
                 event.record()
             done.append(event)
             del flat  # the allocator keeps it until NCCL's stream is past it (recorded by the group)
-        if done and done[-1] is not None:
-            done[-1].synchronize()
+        last = done[-1] if done else None
+        if last is not None:
+            last.synchronize()
         return sent
 
 

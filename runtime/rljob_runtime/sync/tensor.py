@@ -4,16 +4,14 @@ model in one request. Nothing is kept between syncs: a relaunched engine gets a 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..rollout import protocol
-from .base import EngineUpdateLike, Metrics, RolloutSide, WeightTransport, nbytes, timed
+from .base import EngineUpdateLike, Metrics, NamedWeights, RolloutSide, WeightTransport, nbytes, timed
 
 
 class TensorTransport(WeightTransport):
     name = "tensors"
 
-    def _transfer(self, trainer: Any, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: NamedWeights, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         metrics: Metrics = {}
         with timed(metrics, "time/sync_export"):
             named = trainer.named_tensors()

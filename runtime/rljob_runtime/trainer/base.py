@@ -27,6 +27,7 @@ import torch
 from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.masked import Reduction
+from ..sync.base import WeightSender
 
 if TYPE_CHECKING:
     from ..data.sample import Sample
@@ -165,6 +166,7 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
         attention_mask[row, : len(seq)] = 1
     responses = [s.response_ids for s in samples]
     width = max(max(len(r) for r in responses), 1)
+    given = [lp for lp in logps if lp is not None]
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -172,7 +174,7 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
         response_lengths=torch.tensor([len(r) for r in responses], dtype=torch.long),
         response_ids=pad_per_token(responses, width, dtype=torch.long),
         loss_mask=pad_per_token(masks, width),
-        rollout_logp=None if any(lp is None for lp in logps) else pad_per_token(logps, width),  # type: ignore[arg-type]
+        rollout_logp=pad_per_token(given, width) if len(given) == len(logps) else None,
     )
 
 
@@ -304,8 +306,10 @@ class LogProbs:
 
 
 @runtime_checkable
-class TrainerBackend(Protocol):
-    """What the driver uses: a group of trainer ranks seen as one trainer.
+class TrainerBackend(WeightSender, Protocol):
+    """What the driver uses: a group of trainer ranks seen as one trainer (``group.TrainerGroup``),
+    which it also hands to the weight transports (``sync.base.WeightSender``) and to the colocated
+    turns (``colocation.Turns``).
 
     Per-token tensors are [len(samples), T] over response tokens (T = the longest response), laid out
     as ``build_batch`` does; everything crossing it is CPU tensors or plain Python values.
@@ -344,6 +348,20 @@ class TrainerBackend(Protocol):
         """Restore what ``save`` wrote, so training continues bit-for-bit."""
         ...
 
+    def offload(self) -> list[dict[str, float]]:
+        """Every rank's state off the GPU (colocated turns); per rank its GPU memory after."""
+        ...
+
+    def onload(self) -> list[dict[str, float]]:
+        """Back on the GPU for the trainer's turn."""
+        ...
+
+    def gpu_memory(self) -> list[dict[str, float]]: ...
+
+    def lost_ranks(self) -> list[int]:
+        """Ranks whose process is gone (the driver restarts the group from its last checkpoint)."""
+        ...
+
     def shutdown(self) -> None:
         """Stop every rank."""
         ...
@@ -351,7 +369,9 @@ class TrainerBackend(Protocol):
 
 @runtime_checkable
 class TrainerRank(Protocol):
-    """One rank of a trainer group (a Ray actor); a backend's group drives its ranks through this."""
+    """One rank of a trainer group (a Ray actor); a backend's group drives its ranks through this and
+    through the exporting calls of ``weight_source.WeightSource`` (``rank_base.TrainerRankBase`` has
+    what the backends share)."""
 
     def master_address(self) -> tuple[str, int]:
         """Address and a free port for the process group's rendezvous (asked of rank 0)."""
@@ -378,6 +398,14 @@ class TrainerRank(Protocol):
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def set_seed(self, seed: int) -> None: ...
+
+    def offload(self) -> dict[str, float]: ...
+
+    def onload(self) -> dict[str, float]: ...
+
+    def gpu_memory(self) -> dict[str, float]: ...
 
     def shutdown(self) -> None: ...
 

@@ -9,12 +9,15 @@ whatever its RNG and the first values are 0; a saved critic (``<checkpoint>/crit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.spec_training import OptimizerSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CRITIC_DIR = "critic"
 CRITIC_FIELD = "algorithm.critic.path"
@@ -30,7 +33,7 @@ def critic_path(spec: RLTrainingJobSpec, model_path: str) -> str:
     return str(resolve_model(reference, field=CRITIC_FIELD)) if reference else model_path
 
 
-def load_value_model(path: str, *, trust_remote_code: bool = False) -> torch.nn.Module:
+def load_value_model(path: str, *, trust_remote_code: bool = False) -> PreTrainedModel:
     """A float32 value model from ``path`` (an HF directory or hub id), on CPU."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 

@@ -21,6 +21,7 @@ from .base import (
     LogProbs,
     Metrics,
     TrainBatch,
+    TrainerRank,
     build_batch,
     check_per_token,
     loss_denominator,
@@ -52,8 +53,9 @@ def _gather(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
 CONTROL_GROUP = "control"
 
 
-def rank_class(backend: str) -> type:
-    """The rank class of a trainer backend (megatron's imports megatron-core only on its actors)."""
+def rank_class(backend: str) -> type[TrainerRank]:
+    """The rank class of a trainer backend (megatron's imports megatron-core only on its actors); the
+    return type has the type checker hold both classes to ``TrainerRank``."""
     if backend == "torch":
         return TorchTrainerRank
     if backend == "megatron":
@@ -111,7 +113,8 @@ class TrainerGroup:
         if fraction is None:
             fraction = 0.5 if spec.resources.colocate else 1.0
         # "control": calls that must run while the rank is busy (aborting a broadcast an engine died in)
-        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(rank_class(spec.training.backend))
+        remote = ray.remote(concurrency_groups={CONTROL_GROUP: 1})  # type: ignore[call-overload]  # not in ray's overloads
+        remote_cls = remote(rank_class(spec.training.backend))
         actors = []
         for rank, slot in enumerate(slots):
             options = dict(slot.options(fraction))
@@ -173,11 +176,12 @@ class TrainerGroup:
         width = max(max(len(s.response_ids) for s in samples), 1)
 
         def assemble(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-            if any(p is None for p in parts):
+            present = [p for p in parts if p is not None]
+            if len(present) < len(parts):
                 return None
             out = torch.zeros((len(samples), width), dtype=torch.float32)
-            for rows, part in zip(shards, parts, strict=True):
-                out[torch.tensor(rows)] = pad_columns(part, width)  # type: ignore[arg-type]
+            for rows, part in zip(shards, present, strict=True):
+                out[torch.tensor(rows)] = pad_columns(part, width)
             return out
 
         logp = assemble([r.logp for r in results])

@@ -24,7 +24,7 @@ import random
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,41 +33,20 @@ import torch.distributed as dist
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.spec_training import OptimizerSpec
 
-from ..algo.batching import steps_per_rollout
 from ..algo.logprobs import entropy_from_logits, token_logprobs
-from ..algo.losses import policy_loss, value_loss
-from ..models import model_on_this_node
-from ..net import free_port, node_ip
-from .base import (
-    LogProbs,
-    Metrics,
-    TrainBatch,
-    check_per_token,
-    check_policy_inputs,
-    local_plan,
-    lr_at,
-    mean_metrics,
-    pad_columns,
-    step_counts,
-)
+from ..algo.losses import value_loss
+from .base import LogProbs, Metrics, TrainBatch, check_per_token, lr_at, pad_columns
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
-from .offload import Group, Offloadable, grads, module_tensors, optimizer_tensors
-from .weight_source import WeightSource
+from .offload import Group, grads, module_tensors, optimizer_tensors
+from .rank_base import SUMMED_METRICS, TrainerRankBase, needs_reference, set_seed
 
-# Metrics of algo.losses.policy_loss that are reduced with the global denominator: their micro-batch
-# values add up (over micro-batches and ranks) to the global batch's value. The others are masked
-# means of their micro-batch and are averaged weighted by trained tokens.
-SUMMED_METRICS = frozenset({"loss", "pg_loss", "entropy", "kl_loss", "value_loss"})
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MODEL_DIR = "model"
 STATE_FILE = "trainer_rank{rank}.pt"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def needs_reference(spec: RLTrainingJobSpec) -> bool:
-    """A frozen reference model is loaded for the KL loss or klCoef reward shaping."""
-    return spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0
 
 
 def actor_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -83,13 +62,6 @@ def actor_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "NCCL_CUMEM_ENABLE": environ.get("NCCL_CUMEM_ENABLE", "0"),
     }
-
-
-def set_seed(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
@@ -111,7 +83,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class TorchTrainerRank(Offloadable, WeightSource):
+class TorchTrainerRank(TrainerRankBase):
     """One data-parallel rank of the torch backend (see the module docstring)."""
 
     def __init__(
@@ -129,10 +101,7 @@ class TorchTrainerRank(Offloadable, WeightSource):
             raise NotImplementedError(
                 "training.dynamicBatch is not implemented by the torch backend; use microBatchSize"
             )
-        self.spec = spec
-        self.model_path = model_on_this_node(spec.model.path, model_path)
-        self.rank, self.world_size = rank, world_size
-        self.dist_timeout_s = dist_timeout_s
+        super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
         # Ray exposes this rank's GPU as the only visible one: cuda:0.
         self.device = torch.device("cuda:0" if spec.resources.device == "cuda" else "cpu")
         # Parameters and optimizer state stay float32 (master weights); on CUDA the forward runs under
@@ -143,10 +112,9 @@ class TorchTrainerRank(Offloadable, WeightSource):
         else:
             torch.cuda.set_device(self.device)
             self.compute_dtype = getattr(torch, spec.model.dtype)
-        self.temperature = spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0
         set_seed(spec.training.seed)
 
-        def load(dtype: torch.dtype) -> torch.nn.Module:
+        def load(dtype: torch.dtype) -> PreTrainedModel:
             model = AutoModelForCausalLM.from_pretrained(
                 self.model_path, dtype=dtype, trust_remote_code=spec.model.trust_remote_code
             )
@@ -162,17 +130,12 @@ class TorchTrainerRank(Offloadable, WeightSource):
             self.ref_model = load(torch.float32).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = _adamw(self.params, spec.training.optimizer)
-        self.critic: torch.nn.Module | None = None
+        self.critic: PreTrainedModel | None = None
         self.critic_params: list[torch.nn.Parameter] = []
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.critic_opt = critic_optimizer_spec(spec)
         if spec.algorithm.advantage_estimator == "ppo":
             self._init_critic()
-        self.steps_per_rollout = steps_per_rollout(
-            spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
-        )
-        self.total_steps = spec.training.num_rollout * self.steps_per_rollout
-        self.step = 0  # optimizer steps taken
         self._logits_to_keep = "logits_to_keep" in _forward_params(self.model)
 
     def _init_critic(self) -> None:
@@ -187,11 +150,11 @@ class TorchTrainerRank(Offloadable, WeightSource):
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _adamw(self.critic_params, self.critic_opt)
 
-    # ----------------------------------------------------------------------------- distributed
+    @property
+    def dp_size(self) -> int:
+        return self.world_size  # data parallel only
 
-    def master_address(self) -> tuple[str, int]:
-        """This node's IP and a free port, for the rendezvous (asked of rank 0)."""
-        return node_ip(), free_port()
+    # ----------------------------------------------------------------------------- distributed
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the group (all ranks at once); nothing to do with one rank."""
@@ -230,8 +193,8 @@ class TorchTrainerRank(Offloadable, WeightSource):
         for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
             grad.copy_(reduced)
 
-    def set_seed(self, seed: int) -> None:
-        set_seed(seed)
+    def _sum_over_dp(self, counts: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(counts)
 
     # -------------------------------------------------------------------------------- forward
 
@@ -283,13 +246,6 @@ class TorchTrainerRank(Offloadable, WeightSource):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _micro_batches(self, size: int) -> list[list[slice]]:
-        per_rank = self.spec.training.global_batch_size // self.world_size
-        mbs = self.spec.training.micro_batch_size
-        if size % per_rank == 0 and per_rank % mbs == 0:
-            return local_plan(size, per_rank, mbs)
-        return [[slice(i, min(i + mbs, size)) for i in range(0, size, mbs)]]
-
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> LogProbs:
         """Log-probs, reference log-probs and entropy of this rank's rows, [B, T] on CPU.
@@ -303,12 +259,13 @@ class TorchTrainerRank(Offloadable, WeightSource):
             self.critic.eval()
         try:
             logp, ref, ent, values = [], [], [], []
-            for step in self._micro_batches(batch.size):
+            for step in self._plan(batch.size):
                 for rows in step:
                     mb = batch.select(rows)
                     lp, e = self._forward(self.model, mb, entropy="metric")
                     logp.append(pad_columns(lp.float().cpu(), batch.width))
-                    ent.append(pad_columns(e.float().cpu(), batch.width))  # type: ignore[union-attr]
+                    assert e is not None  # entropy="metric" computes it
+                    ent.append(pad_columns(e.float().cpu(), batch.width))
                     if self.ref_model is not None:
                         r, _ = self._forward(self.ref_model, mb, entropy=None)
                         ref.append(pad_columns(r.float().cpu(), batch.width))
@@ -327,58 +284,14 @@ class TorchTrainerRank(Offloadable, WeightSource):
 
     # ------------------------------------------------------------------------------- training
 
-    def train(
-        self,
-        batch: TrainBatch,
-        advantages: torch.Tensor,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None = None,
-        denominators: Sequence[float] | None = None,
-        *,
-        values: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-    ) -> Metrics:
-        """This rank's share of a rollout: its rows of every global batch, in order (``rank_rows``).
-
-        Takes one optimizer step per global batch, over micro-batches of microBatchSize rows.
-        ``denominators``: per step, the global batch's loss denominator (``loss_denominator``);
-        computed here with an all-reduce when not given. ``values`` (from ``logprobs``) and
-        ``returns`` train the critic (ppo: required). Returns metrics averaged over the steps,
-        identical on every rank.
-        """
-        self._require_resident("train")
-        spec = self.spec
-        algo = spec.algorithm
-        per_rank = spec.training.global_batch_size // self.world_size
-        plan = local_plan(batch.size, per_rank, spec.training.micro_batch_size)
-        advantages, old_logp, ref_logp = check_policy_inputs(
-            batch, advantages, old_logp, ref_logp, algo.use_kl_loss
-        )
-        critic_targets = None
-        if self.critic is not None:
-            if values is None or returns is None:
-                raise ValueError("advantageEstimator ppo needs the critic's values and the returns")
-            critic_targets = (
-                check_per_token("values", values, batch),
-                check_per_token("returns", returns, batch),
-            )
-        if denominators is None:
-            counts = step_counts(batch, plan, algo.loss_reduction)
-            denominators = self._all_reduce(counts).clamp(min=1.0).tolist()
-        if len(denominators) != len(plan):
-            raise ValueError(f"{len(denominators)} denominators for {len(plan)} optimizer steps")
-
-        per_step: list[Metrics] = []
-        for step_slices, denominator in zip(plan, denominators, strict=True):
-            metrics = self._optimizer_step(
-                batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
-            )
-            if critic_targets is not None:  # before the policy's step count moves: same lr index
-                metrics.update(self._critic_step(batch, step_slices, *critic_targets, float(denominator)))
-            if not metrics["skipped_step"]:
-                self.step += 1
-            per_step.append(metrics)
-        return mean_metrics(per_step)
+    def _critic_targets(
+        self, batch: TrainBatch, values: torch.Tensor | None, returns: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.critic is None:
+            return None
+        if values is None or returns is None:
+            raise ValueError("advantageEstimator ppo needs the critic's values and the returns")
+        return check_per_token("values", values, batch), check_per_token("returns", returns, batch)
 
     def _optimizer_step(
         self,
@@ -389,30 +302,15 @@ class TorchTrainerRank(Offloadable, WeightSource):
         ref_logp: torch.Tensor | None,
         denominator: float,
     ) -> Metrics:
-        """One policy optimizer step over ``micro_batches`` (the step counter is moved by ``train``)."""
         algo = self.spec.algorithm
         want_entropy_grad = algo.entropy_coef > 0
         self.optimizer.zero_grad(set_to_none=True)
         sums = _MetricSums()
         for rows in micro_batches:
             mb = batch.select(rows)
-            width = mb.width
             logp, entropy = self._forward(self.model, mb, entropy="grad" if want_entropy_grad else "metric")
-
-            def cut(t: torch.Tensor | None, rows: slice = rows, width: int = width) -> torch.Tensor | None:
-                return None if t is None else t[rows, :width].to(self.device)
-
-            mask = mb.loss_mask.to(self.device)
-            loss, metrics = policy_loss(
-                algo,
-                logp,
-                cut(old_logp),  # type: ignore[arg-type]
-                cut(advantages),  # type: ignore[arg-type]
-                mask,
-                entropy=entropy,
-                ref_logp=cut(ref_logp),
-                rollout_logp=None if mb.rollout_logp is None else mb.rollout_logp.to(self.device),
-                denominator=denominator,
+            loss, metrics, mask = self._micro_batch_loss(
+                mb, rows, logp, entropy, advantages, old_logp, ref_logp, denominator
             )
             loss.backward()
             sums.add(metrics, mask)
@@ -571,10 +469,6 @@ class TorchTrainerRank(Offloadable, WeightSource):
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.step = int(state["step"])
         set_rng_state(state["rng"])
-
-    def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class _MetricSums:

@@ -27,7 +27,7 @@ from megatron.core.utils import divide
 from torch.torch_version import TorchVersion
 
 # ``enable_gqa`` arrived in torch 2.5.
-SDPA_HAS_ENABLE_GQA = TorchVersion(torch.__version__) >= (2, 5)
+SDPA_HAS_ENABLE_GQA = TorchVersion(torch.__version__) >= "2.5"
 
 
 def native_gqa(query: torch.Tensor) -> bool:

@@ -2,7 +2,8 @@
 its distributed optimizer (bf16 weights, fp32 main params and grads), one process per GPU.
 
 It offers what ``base.TrainerRank`` asks of a rank, computing log-probs with ``algo.logprobs`` and
-the loss with ``algo.losses.policy_loss`` exactly as the torch backend does: each micro-batch's loss
+the loss with ``algo.losses.policy_loss`` exactly as the torch backend does (``train``'s template and
+the micro-batch loss are theirs in common: ``rank_base.TrainerRankBase``): each micro-batch's loss
 is divided by the *global* batch's denominator, so the summed gradient is the global batch's. Megatron
 divides a returned loss by the number of micro-batches and averages gradients over data-parallel
 ranks; the loss handed to it is scaled up by both so that the sum survives.
@@ -22,36 +23,18 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 from rljob_api.spec import RLTrainingJobSpec
 
-from ...algo.batching import steps_per_rollout
-from ...algo.losses import policy_loss
-from ...models import model_on_this_node
-from ...net import free_port, node_ip
-from ..base import (
-    LogProbs,
-    Metrics,
-    TrainBatch,
-    check_policy_inputs,
-    local_plan,
-    lr_at,
-    mean_metrics,
-    pad_columns,
-    step_counts,
-)
-from ..offload import Group, Offloadable, grads, module_tensors, optimizer_tensors
-from ..torch_backend import (
-    needs_reference,
-    set_seed,
-)
-from ..weight_source import WeightSource
+from ..base import LogProbs, Metrics, TrainBatch, lr_at, pad_columns
+from ..offload import Group, grads, module_tensors, optimizer_tensors
+from ..rank_base import TrainerRankBase, needs_reference, set_seed
 from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
 from .schedule import (
@@ -64,7 +47,7 @@ from .schedule import (
 )
 
 
-class MegatronTrainerRank(Offloadable, WeightSource):
+class MegatronTrainerRank(TrainerRankBase):
     """One GPU of the megatron backend (see the module docstring)."""
 
     def __init__(
@@ -80,18 +63,11 @@ class MegatronTrainerRank(Offloadable, WeightSource):
     ) -> None:
         # Everything that can be refused is refused here (driver.prepare did it too), before any
         # process group or GPU memory.
-        model_path = model_on_this_node(spec.model.path, model_path)
-        self.shape, self.par = check_megatron(spec, model_path, gpus=world_size)
+        super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
+        self.shape, self.par = check_megatron(spec, self.model_path, gpus=world_size)
         if spec.model.megatron_checkpoint is not None:  # its tensors are checked when loaded (_build)
             find_dist_checkpoint(spec.model.megatron_checkpoint)
-        self.spec, self.model_path = spec, model_path
-        self.rank, self.world_size, self.dist_timeout_s = rank, world_size, dist_timeout_s
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
-        self.temperature = spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0
-        self.total_steps = spec.training.num_rollout * steps_per_rollout(
-            spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.training.global_batch_size
-        )
-        self.step = 0
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
         # Names from fusions.FUSIONS for the policy and reference models (model.build_gpt_model).
         self.fusions = frozenset(fusions)
@@ -102,11 +78,11 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         self.model: Any = None
         self.ref_model: Any = None
 
-    # ----------------------------------------------------------------------------- distributed
+    @property
+    def dp_size(self) -> int:
+        return self.par.dp
 
-    def master_address(self) -> tuple[str, int]:
-        """This node's IP (Ray's view of it) and a free port, for the rendezvous (asked of rank 0)."""
-        return node_ip(), free_port()
+    # ----------------------------------------------------------------------------- distributed
 
     def layout(self) -> dict[str, int]:
         """Where this rank sits (after ``init_process_group``): ranks of one model replica (same
@@ -155,7 +131,7 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         spec = self.spec
         set_seed(spec.training.seed)
         init_model_parallel(self.par, spec.training.seed)
-        recompute = "full" if spec.training.recompute_activations else None
+        recompute: Literal["full"] | None = "full" if spec.training.recompute_activations else None
         model = build_gpt_model(
             self.shape, self.par, dtype=self.dtype, recompute=recompute, fusions=self.fusions
         )
@@ -215,17 +191,7 @@ class MegatronTrainerRank(Offloadable, WeightSource):
         hf = read_hf_state(self.model_path)
         return lambda model: load_hf_weights(model, hf, self.shape, self.par)
 
-    def set_seed(self, seed: int) -> None:
-        set_seed(seed)
-
     # -------------------------------------------------------------------------------- forward
-
-    def _plan(self, size: int) -> list[list[slice]]:
-        per_rank = self.spec.training.global_batch_size // self.par.dp
-        mbs = self.spec.training.micro_batch_size
-        if size % per_rank == 0 and per_rank % mbs == 0:
-            return local_plan(size, per_rank, mbs)
-        return [[slice(i, min(i + mbs, size)) for i in range(0, size, mbs)]]
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> LogProbs:
@@ -272,44 +238,12 @@ class MegatronTrainerRank(Offloadable, WeightSource):
 
     # ------------------------------------------------------------------------------- training
 
-    def train(
-        self,
-        batch: TrainBatch,
-        advantages: torch.Tensor,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None = None,
-        denominators: Sequence[float] | None = None,
-        *,
-        values: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-    ) -> Metrics:
-        """This rank's share of a rollout: one optimizer step per global batch (see the torch backend's
-        ``train``, whose contract this follows). Metrics are identical on every rank."""
+    def _sum_over_dp(self, counts: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
 
-        self._require_resident("train")
-        algo = self.spec.algorithm
-        plan = local_plan(
-            batch.size,
-            self.spec.training.global_batch_size // self.par.dp,
-            self.spec.training.micro_batch_size,
-        )
-        advantages, old_logp, ref_logp = check_policy_inputs(
-            batch, advantages, old_logp, ref_logp, algo.use_kl_loss
-        )
-        if denominators is None:
-            counts = step_counts(batch, plan, algo.loss_reduction).to(self.device)
-            dist.all_reduce(counts, group=ps.get_data_parallel_group())
-            denominators = counts.clamp(min=1.0).tolist()
-        per_step: list[Metrics] = []
-        for step_slices, denominator in zip(plan, denominators, strict=True):
-            metrics = self._optimizer_step(
-                batch, step_slices, advantages, old_logp, ref_logp, float(denominator)
-            )
-            if not metrics["skipped_step"]:
-                self.step += 1
-            per_step.append(metrics)
-        return mean_metrics(per_step)
+        counts = counts.to(self.device)
+        dist.all_reduce(counts, group=ps.get_data_parallel_group())
+        return counts
 
     def _optimizer_step(
         self,
@@ -330,21 +264,8 @@ class MegatronTrainerRank(Offloadable, WeightSource):
 
         def loss_fn(rows: slice, mb: TrainBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             logp, ent = token_stats(logits, mb, self.shape.vocab_size, self.temperature, entropy)
-
-            def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-                return None if t is None else t[rows, : mb.width].to(self.device)
-
-            mask = mb.loss_mask.to(self.device)
-            loss, metrics = policy_loss(
-                algo,
-                logp,
-                cut(old_logp),  # type: ignore[arg-type]
-                cut(advantages),  # type: ignore[arg-type]
-                mask,
-                entropy=ent,
-                ref_logp=cut(ref_logp),
-                rollout_logp=None if mb.rollout_logp is None else mb.rollout_logp.to(self.device),
-                denominator=denominator,
+            loss, metrics, mask = self._micro_batch_loss(
+                mb, rows, logp, ent, advantages, old_logp, ref_logp, denominator
             )
             accumulate(sums, metrics, mask)
             return loss * scale, {}
@@ -474,5 +395,4 @@ class MegatronTrainerRank(Offloadable, WeightSource):
 
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        super().shutdown()

@@ -120,7 +120,7 @@ def portable_rng_state(tracker: Mapping[str, torch.Tensor] | None = None) -> dic
     """This process's RNG states in types ``torch.load(weights_only=True)`` accepts (numpy's state
     array as a list): python, numpy, torch CPU, every CUDA device, and Megatron's CUDA RNG tracker
     (``tracker``: ``get_cuda_rng_tracker().get_states()``, per TP rank; empty on CPU)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],

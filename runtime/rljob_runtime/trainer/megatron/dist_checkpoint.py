@@ -80,7 +80,8 @@ def sharding_metadata() -> dict[str, Any]:
 
 def model_state(model: torch.nn.Module) -> StateDict:
     """The GPTModel's sharded state dict (inside DDP: megatron's DDP has none of its own)."""
-    return dict(unwrap(model).sharded_state_dict(metadata=sharding_metadata()))
+    gpt: Any = unwrap(model)  # megatron-core's GPTModel: no types
+    return dict(gpt.sharded_state_dict(metadata=sharding_metadata()))
 
 
 def _keep_step_on_load(optimizer: Any) -> None:

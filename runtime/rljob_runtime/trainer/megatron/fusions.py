@@ -95,14 +95,14 @@ def install_wgrad_fusion() -> None:
     """
     if tp_layers._grad_accum_fusion_available:
         return
-    tp_layers.fused_weight_gradient_mlp_cuda = WGRAD  # type: ignore[attr-defined]
+    tp_layers.fused_weight_gradient_mlp_cuda = WGRAD
     tp_layers._grad_accum_fusion_available = True
 
 
 def uninstall_wgrad_fusion() -> None:
     """Undo ``install_wgrad_fusion`` (tests); leaves a real apex extension alone."""
     if getattr(tp_layers, "fused_weight_gradient_mlp_cuda", None) is WGRAD:
-        del tp_layers.fused_weight_gradient_mlp_cuda  # type: ignore[attr-defined]
+        del tp_layers.fused_weight_gradient_mlp_cuda
         tp_layers._grad_accum_fusion_available = False
 
 
@@ -163,7 +163,7 @@ class FusedRMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))  # default dtype, as torch.nn.RMSNorm
         # Megatron's own norms (TE, apex) mark their weights: finalize_model_grads all-reduces the
         # grads of sequence-parallel ones over TP.
-        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]  # Megatron's mark
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [..., h] -> [tokens, h]: a view for Megatron's inputs, including k (a strided slice of the
@@ -254,5 +254,6 @@ def use_fused_adam(optimizer: Any) -> list[torch.optim.Optimizer]:
     for opt in inner:
         for group in [*opt.param_groups, opt.defaults]:
             group["fused"], group["foreach"] = True, False
-        opt._step_supports_amp_scaling = True  # what Adam.__init__(fused=True) sets (GradScaler)
+        # what Adam.__init__(fused=True) sets (GradScaler reads it)
+        opt._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # private: not in torch's stubs
     return inner

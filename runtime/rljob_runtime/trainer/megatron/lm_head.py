@@ -72,7 +72,9 @@ def _tp(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _all_reduce(t: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None, size: int) -> None:
+def _all_reduce(
+    t: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None, size: int
+) -> None:
     if size > 1:
         dist.all_reduce(t, op=op, group=group)
 
@@ -89,7 +91,7 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, n_valid: int, temperatu
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -125,7 +127,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return picked - lse
 
     @staticmethod
-    def backward(ctx: Any, grad_logp: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_logp: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         from .fusions import wgrad_accumulate
 
         hidden, weight, local, mine, lse = ctx.saved_tensors

@@ -230,7 +230,7 @@ def build_gpt_model(
         parallel_output=parallel_output,
         share_embeddings_and_output_weights=shape.tied_embeddings,
         position_embedding_type="rope",
-        rotary_base=shape.rope_theta,  # type: ignore[arg-type]  # annotated int, used as a float
+        rotary_base=shape.rope_theta,  # megatron-core annotates an int; it is used as a float
     )
     return model if cpu else model.cuda(torch.cuda.current_device())
 
@@ -270,8 +270,8 @@ def setup_model(
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module  # type: ignore[assignment]
+    while isinstance(inner := getattr(model, "module", None), torch.nn.Module):
+        model = inner
     return model
 
 

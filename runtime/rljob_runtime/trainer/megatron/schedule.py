@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ...algo.logprobs import entropy_from_logits, token_logprobs
 from ..base import Metrics, TrainBatch
-from ..torch_backend import SUMMED_METRICS
+from ..rank_base import SUMMED_METRICS
 
 LossFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
 

@@ -139,8 +139,8 @@ def cpu_patches() -> None:
     default causal mask too, which ``model.forward_logits`` avoids by passing its own)."""
     from megatron.core.tensor_parallel import random as mp_random
 
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    mp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]  # a CPU stand-in
+    mp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
 
 
 def stored_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
