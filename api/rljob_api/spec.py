@@ -97,6 +97,16 @@ _SPEC_RULES = (
     # What the runtime does not run yet (device x engine x backend x mode x features): support.py.
     *SUPPORT_RULES,
     immutable("model", "model", hint="a different model is a different job; create a new RLTrainingJob"),
+    Rule(
+        cel="!has(oldSelf.workloadPriorityClassName) || has(self.workloadPriorityClassName)",
+        message="workloadPriorityClassName cannot be removed once set (Kueue refuses to take a Workload's "
+        "priority class away); set another WorkloadPriorityClass instead",
+        field=".workloadPriorityClassName",
+        check=lambda old, new: (
+            old.workload_priority_class_name is None or new.workload_priority_class_name is not None
+        ),
+        transition=True,
+    ),
     *CHECKPOINT_MOUNT_RULES,
     *EXPORT_RULES,
 )
@@ -126,6 +136,12 @@ class RLTrainingJobSpec(ApiModel):
     queue_name: LabelName | None = Field(
         default=None,
         description="Kueue LocalQueue to submit the job to; Kueue then admits it when its whole GPU gang fits.",
+    )
+    workload_priority_class_name: LabelName | None = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class on its RayJob): "
+        "the order in which Kueue admits and preempts it, without changing its pods' priority. Without it Kueue "
+        "takes the priority of resources.priorityClassName. Kueue refuses to add it while the job runs.",
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, le=31536000, description="Fail the job if it runs longer than this."

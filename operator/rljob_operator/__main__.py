@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace of the KubeRay operator, the one peer outside a job its NetworkPolicy admits "
         "(default: KubeRay's pods in any namespace)",
     )
+    parser.add_argument(
+        "--kueue-manage-jobs-without-queue-name",
+        action="store_true",
+        help="Kueue runs with manageJobsWithoutQueueName: leave the admission of every job, also one "
+        "without spec.queueName, to Kueue (no GPU-quota queue, spec.suspend of the RayJob is Kueue's)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_auth=args.ray_auth,
         network_policy=args.network_policy,
         kuberay_namespace=args.kuberay_namespace,
+        kueue_manage_jobs_without_queue_name=args.kueue_manage_jobs_without_queue_name,
     )
     handlers.Options.resync_seconds = args.resync_seconds
     handlers.Options.namespaces = tuple(args.namespace)

@@ -14,6 +14,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rljob-operator"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass: Kueue's queue order
 # Debugging aid: run this command instead of the runtime (the resolved job is still in RLJOB_JOB),
 # e.g. to check an image or a cluster before a long run. Read when the RayJob is created.
 ENTRYPOINT_ANNOTATION = f"{GROUP_PREFIX}/entrypoint"

@@ -36,6 +36,7 @@ from .conversions import (
     needs_megatron_checkpoint,
 )
 from .job import Job
+from .kueue import WAITING_FOR_KUEUE, held_by_kueue, local_queue, waiting_message
 from .names import runtime_account_name
 from .pod_states import REASONS as STUCK_REASONS
 from .pod_states import Stuck
@@ -229,12 +230,8 @@ def _rayjob_phase(job: Job, rayjob: Mapping[str, Any], now: datetime) -> Verdict
     if suspended:
         if job.spec.suspend:
             return Verdict("Suspended", "Suspended", _SUSPENDED)
-        if job.spec.queue_name:
-            return Verdict(
-                "Queued",
-                "WaitingForKueue",
-                f"waiting for Kueue to admit the RayJob in LocalQueue {job.spec.queue_name!r}",
-            )
+        if held_by_kueue(job, rayjob):
+            return Verdict("Queued", WAITING_FOR_KUEUE, waiting_message(local_queue(job, rayjob)))
         return Verdict("Starting", "Resuming", "resuming from the latest checkpoint on a new Ray cluster")
     if ray_status == "RUNNING":
         return Verdict("Running", "Running", _running(job))
@@ -352,8 +349,9 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
         "conditions": conditions(job, verdict, seen.now),
         "gpus": job.spec.total_gpus(),
     }
-    if job.spec.queue_name:
-        status["queue"] = job.spec.queue_name
+    queue = local_queue(job, seen.rayjob)  # spec.queueName, else the one Kueue's webhook chose
+    if queue:
+        status["queue"] = queue
     children: dict[str, Any] = {}
     if not job.spec.resources.service_account_name:
         children["serviceAccount"] = runtime_account_name(job.name)
@@ -432,7 +430,9 @@ def announcement(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[s
     a new reason within a phase (a blocker found, changed or cleared) and a job becoming Stalled
     (a startup timeout passed); None when none of these."""
     ready = next(c for c in after["conditions"] if c["type"] == "Ready")
-    old_ready = next((c for c in before.get("conditions") or [] if c.get("type") == "Ready"), {})
+    old_ready: Mapping[str, Any] = next(
+        (c for c in before.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
     stalled = _is_true(after, "Stalled")
     trouble = (
         stalled or after["phase"] == "Failed" or ready["reason"] in (*STUCK_REASONS, RETRYING, RESTARTING)

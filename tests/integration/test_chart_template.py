@@ -112,6 +112,7 @@ REFUSED = [
     (("serviceAccount.create=false",), "serviceAccount.name is required when serviceAccount.create is false"),
     (("jobPods.allowedHostPaths={relative/dir}",), "at '/jobPods/allowedHostPaths/0'"),
     (("jobPods.gpuCapabilities={ipc_lock}",), "at '/jobPods/gpuCapabilities/0'"),
+    (("kueue.manageJobsWithoutQueueName=yes",), "at '/kueue/manageJobsWithoutQueueName'"),
 ]
 
 
@@ -152,6 +153,19 @@ def test_job_pod_policy_values_become_operator_flags() -> None:
         and parsed.network_policy is False
         and parsed.kuberay_namespace == "ray-system"
     )
+
+
+def test_kueue_value_becomes_the_operator_flag() -> None:
+    def args(*values: str) -> list[str]:
+        (deployment,) = _by_kind(render(*values), "Deployment")
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    flag = "--kueue-manage-jobs-without-queue-name"
+    assert flag not in args()
+    assert flag in args("kueue.manageJobsWithoutQueueName=true")
+    from rljob_operator.__main__ import build_parser
+
+    assert build_parser().parse_args([flag]).kueue_manage_jobs_without_queue_name is True
 
 
 @pytest.mark.parametrize(("values", "message"), REFUSED, ids=[v[0][0] for v in REFUSED])

@@ -251,8 +251,25 @@ def test_suspend_and_kueue() -> None:
     kueue = job_from_spec({"queueName": "team-a"})
     verdict = decide_phase(kueue, Observed(NOW, rayjob=rayjob("", suspend=True)))
     assert (verdict.phase, verdict.reason) == ("Queued", "WaitingForKueue") and "team-a" in verdict.message
-    resuming = decide_phase(job_from_spec(), Observed(NOW, rayjob=rayjob("Suspended", suspend=True)))
+    resuming = decide_phase(job_from_spec(), Observed(NOW, rayjob=rayjob("Suspended", suspend=False)))
     assert resuming.phase == "Starting" and resuming.reason == "Resuming"
+
+
+def test_a_rayjob_held_suspended_without_a_queue_name_waits_for_kueue() -> None:
+    """The operator suspends the RayJob of a job that is not suspended only while its GPU quota holds
+    it (Queued before this is read): anyone else holding it is Kueue (manageJobsWithoutQueueName)."""
+    job = job_from_spec()
+    held = rayjob("Suspended", suspend=True)
+    verdict = decide_phase(job, Observed(NOW, rayjob=held))
+    assert (verdict.phase, verdict.reason) == ("Queued", "WaitingForKueue")
+    assert "no LocalQueue" in verdict.message and "spec.queueName" in verdict.message
+    assert "queue" not in compute_status(job, Observed(NOW, rayjob=held))
+    # Kueue's webhook put it in the namespace's LocalQueue named "default".
+    held["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "default"}
+    verdict = decide_phase(job, Observed(NOW, rayjob=held))
+    assert verdict.message == "waiting for Kueue to admit the RayJob in LocalQueue 'default'"
+    status = compute_status(job, Observed(NOW, rayjob=held))
+    assert status["queue"] == "default" and status["phase"] == "Queued"
 
 
 def test_terminal_phase_is_sticky_after_children_are_cleaned_up() -> None:

@@ -20,6 +20,9 @@ from procs import file_lock
 
 GOMOD_DIR = HERE / "gomod"
 KUBERAY_GOMOD_DIR = HERE / "gomod-kuberay"
+# Kueue's manager: not among binaries() (an `up` does not build it); `up --kueue` and the Kueue
+# e2e test build it on first use (kueue_binary(), ensure_one).
+KUEUE_GOMOD_DIR = HERE / "gomod-kueue"
 
 # Versions not pinned by a wrapper go.mod. KubeRay is pinned in gomod-kuberay/go.mod: v1.7.0 is
 # listed by the module proxy but its source zip is not served (403), so v1.6.1 is the newest
@@ -29,12 +32,14 @@ HELM_VERSION = "v3.22.0"
 
 
 def gomod_versions() -> dict[str, str]:
-    """Kubernetes, etcd and KubeRay versions, read from the wrapper modules (go.mod is the one source)."""
+    """Kubernetes, etcd, KubeRay and Kueue versions, read from the wrapper modules (go.mod is the one
+    source)."""
     found: dict[str, str] = {}
     for key, gomod, mod in (
         ("kubernetes", GOMOD_DIR, "k8s.io/kubernetes"),
         ("etcd", GOMOD_DIR, "go.etcd.io/etcd/server/v3"),
         ("kuberay", KUBERAY_GOMOD_DIR, "github.com/ray-project/kuberay/ray-operator"),
+        ("kueue", KUEUE_GOMOD_DIR, "sigs.k8s.io/kueue"),
     ):
         text = (gomod / "go.mod").read_text()
         m = re.search(rf"^\s*(?:require\s+)?{re.escape(mod)}\s+(v\S+)", text, re.M)
@@ -112,6 +117,32 @@ def kuberay_crd_dir() -> Path:
     return bin_by_name()["ray-operator"].dir / "crds"
 
 
+def kueue_binary() -> Binary:
+    version = gomod_versions()["kueue"]
+    return Binary(
+        "kueue",
+        version,
+        "sigs.k8s.io/kueue/cmd/kueue",
+        False,
+        f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={version}",
+        gomod=KUEUE_GOMOD_DIR,
+    )
+
+
+# Files of a binary's Go module its users need, copied next to it when it is built:
+# name -> (module, [(directory in the module, glob, directory in the cache entry)]).
+MODULE_FILES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
+    "ray-operator": ("github.com/ray-project/kuberay/ray-operator", [("config/crd/bases", "*.yaml", "crds")]),
+    "kueue": (
+        "sigs.k8s.io/kueue",
+        [
+            ("config/components/crd/bases", "*.yaml", "crds"),
+            ("config/components/webhook", "manifests.yaml", "webhook"),
+        ],
+    ),
+}
+
+
 def go_binary() -> str:
     for cand in (os.environ.get("GO"), shutil.which("go"), "/usr/local/go/bin/go"):
         if cand and Path(cand).exists():
@@ -129,7 +160,8 @@ def go_env() -> dict[str, str]:
 
 def build_one(b: Binary, go: str) -> float:
     """Builds one binary into its versioned cache dir; returns seconds spent (0 if cached)."""
-    if b.path.exists() and (b.name != "ray-operator" or kuberay_crd_dir().is_dir()):
+    extras = MODULE_FILES.get(b.name, ("", []))[1]
+    if b.path.exists() and all((b.dir / dest).is_dir() for _, _, dest in extras):
         return 0.0
     logdir = cache_root() / "logs" / "build"
     logdir.mkdir(parents=True, exist_ok=True)
@@ -156,8 +188,8 @@ def build_one(b: Binary, go: str) -> float:
         built = tmp / b.name
         if not built.exists():
             raise HarnessError(f"build of {b.name} {b.version}", f"{built} was not produced", logfile)
-        if b.name == "ray-operator":
-            copy_kuberay_crds(go, env, b, tmp / "crds", logfile)
+        if b.name in MODULE_FILES:
+            copy_module_files(go, env, b, tmp, logfile)
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         if b.dir.exists():
             shutil.rmtree(b.dir)
@@ -172,9 +204,10 @@ def build_one(b: Binary, go: str) -> float:
     return took
 
 
-def copy_kuberay_crds(go: str, env: dict[str, str], b: Binary, dest: Path, logfile: Path) -> None:
-    """KubeRay's CRDs ship in its Go module: config/crd/bases/."""
-    mod = "github.com/ray-project/kuberay/ray-operator"
+def copy_module_files(go: str, env: dict[str, str], b: Binary, dest: Path, logfile: Path) -> None:
+    """Copies MODULE_FILES[b.name] out of the module cache (KubeRay's and Kueue's CRDs, Kueue's
+    webhook configurations) into the cache entry being built at `dest`."""
+    mod, files = MODULE_FILES[b.name]
     proc = subprocess.run(
         [go, "mod", "download", "-json", mod],
         env=env,
@@ -186,11 +219,15 @@ def copy_kuberay_crds(go: str, env: dict[str, str], b: Binary, dest: Path, logfi
     if proc.returncode != 0:
         with logfile.open("a") as out:
             out.write(proc.stdout + proc.stderr)
-        raise HarnessError("KubeRay CRDs", f"go mod download {mod} failed", logfile)
-    src = Path(json.loads(proc.stdout)["Dir"]) / "config" / "crd" / "bases"
-    dest.mkdir(parents=True)
-    for f in sorted(src.glob("*.yaml")):
-        shutil.copyfile(f, dest / f.name)
+        raise HarnessError(f"files of {mod}", f"go mod download {mod} failed", logfile)
+    root = Path(json.loads(proc.stdout)["Dir"])
+    for src, pattern, into in files:
+        found = sorted((root / src).glob(pattern))
+        if not found:
+            raise HarnessError(f"files of {mod}", f"no {src}/{pattern} in {root}", logfile)
+        (dest / into).mkdir(parents=True)
+        for f in found:
+            shutil.copyfile(f, dest / into / f.name)
 
 
 def ensure_one(b: Binary) -> Path:

@@ -5,7 +5,7 @@ Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from
 proxy; kwok fakes nodes and pods; the real KubeRay operator runs out of cluster; RayJob entrypoints
 run on a real local Ray head (CPU) reached through a small forwarding proxy (dashproxy.py).
 
-Subcommands: build, up, down, status, env. See docs/devcluster.md.
+Subcommands: build, up, down, status, env, kueue. See docs/devcluster.md.
 
 Binaries are cached by version under ``${RLJOB_CACHE:-~/.cache/rljob}/bin/<name>-<version>/``;
 cluster state (kwok workdir with certs, etcd data and component logs, our logs, kubeconfig, state
@@ -30,6 +30,7 @@ from build import binaries, ensure_built, link_farm
 from common import HarnessError, log
 from controlplane import create_nodes, install_kuberay_crds, start_control_plane
 from kuberay import start_operator
+from kueue import start_kueue, stop_kueue
 from procs import file_lock
 from ray_local import start_proxy, start_ray
 from state import Ctx, health, load_state, make_ctx, save_state
@@ -57,6 +58,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             h = health(ctx, state)
             if all(v == "ok" for v in h.values()):
                 log(f"cluster {ctx.name} is already running: reusing it ({ctx.state_file})")
+                if args.kueue:
+                    start_kueue(ctx, state)
                 print_summary(ctx, state)
                 return 0
             bad = ", ".join(f"{k}: {v}" for k, v in h.items() if v != "ok")
@@ -94,6 +97,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             start_ray(ctx, state, args.ray_cpus)
             start_proxy(ctx, state)
             start_operator(ctx, state)
+            if args.kueue:
+                start_kueue(ctx, state)
         except (HarnessError, subprocess.TimeoutExpired, OSError) as exc:
             report = exc.report() if isinstance(exc, HarnessError) else f"devcluster: up failed: {exc}"
             log("tearing down what was started")
@@ -117,8 +122,29 @@ def print_summary(ctx: Ctx, state: dict[str, Any]) -> None:
     print(f"  kubeconfig:     {ctx.kubeconfig}")
     print(f"  apiserver:      {state.get('apiserver')}")
     print(f"  ray dashboard:  {state.get('ray', {}).get('dashboard')}")
+    if "kueue" in state:
+        kueue = state["kueue"]
+        print(
+            f"  kueue:          {kueue['version']}, manages namespaces labelled {kueue['managed_namespace_label']}"
+        )
     print(f"  logs:           {ctx.logs}  (control plane: {ctx.kwok_cluster_dir / 'logs'})")
     print(f'  shell:          eval "$({sys.executable} {Path(__file__)} env --name {ctx.name})"')
+
+
+def cmd_kueue(args: argparse.Namespace) -> int:
+    """Starts Kueue on the running cluster (or reuses it), or stops it with --stop."""
+    ctx = make_ctx(args.name)
+    with file_lock(ctx.dir.parent / f".{ctx.name}.lock"):
+        state = load_state(ctx)
+        if state is None or not state.get("ready"):
+            print(f"devcluster: cluster {ctx.name} is not running: `devcluster.py up` first", file=sys.stderr)
+            return 1
+        if args.stop:
+            stop_kueue(ctx, state)
+        else:
+            start_kueue(ctx, state)
+            save_state(ctx, state)
+    return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -183,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         ("down", cmd_down, "stop everything the cluster started and remove its state"),
         ("status", cmd_status, "health of each component; exit 0 when all are healthy"),
         ("env", cmd_env, 'print export lines for a shell: eval "$(devcluster.py env)"'),
+        ("kueue", cmd_kueue, "start Kueue on the running cluster (builds it on first use); --stop stops it"),
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--name", default=os.environ.get("RLJOB_CLUSTER", DEFAULT_CLUSTER))
@@ -190,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "up":
             p.add_argument("--recreate", action="store_true", help="tear down an unhealthy cluster first")
             p.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray head")
+            p.add_argument("--kueue", action="store_true", help="also run Kueue (kueue.py; off by default)")
+        if name == "kueue":
+            p.add_argument("--stop", action="store_true", help="stop Kueue and remove its webhooks")
         if name == "status":
             p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ def teardown(ctx: Ctx, state: dict[str, Any]) -> Path | None:
     marker_ray = state.get("ray", {}).get("temp_dir") or str(ctx.ray_temp)
     # `ray start --block` drains for up to 30 s on SIGTERM; nothing needs draining here.
     for key, what, marker, grace in (
+        ("kueue", "kueue", "kueue", 15.0),
         ("operator", "ray-operator", "ray-operator", 15.0),
         ("proxy", "dashboard proxy", "dashproxy.py", 15.0),
         ("ray", "ray head", "ray", 3.0),
