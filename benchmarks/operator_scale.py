@@ -1,16 +1,19 @@
-"""Operator scale benchmark: create N RLTrainingJobs on the local control plane and measure
+"""Operator scale benchmark: create N RLTrainingJobs at once on the local control plane and measure
 
   - apply -> RayJob created latency (p50/p99), from the moment each create call returned to the
     moment a watch saw the operator's RayJob;
   - KubeRay's own RayJob -> RayCluster latency in the same run;
-  - the operator's CPU time and peak RSS (it runs as a child process of this script).
+  - the operator's CPU time and peak RSS (it runs as a child process of this script, one fresh
+    operator per N);
+  - memory after the jobs are deleted: the operator's RSS and its per-job state
+    (`rljob_operator_tracked_jobs`) once every job is gone, after each of `--rounds` create/delete
+    rounds (flat: the later rounds end where the first did).
 
 Jobs are CPU jobs whose pods cannot schedule (a nodeSelector no node has), so KubeRay creates the
 RayClusters but never submits anything to Ray: the figures are the control plane's, not Ray's.
 
-    make cluster-up
-    .venv/bin/python benchmarks/operator_scale.py --jobs 100
-    .venv/bin/python benchmarks/operator_scale.py --jobs 1000
+    .venv/bin/python tools/devcluster/devcluster.py up --name=bench
+    .venv/bin/python benchmarks/operator_scale.py --cluster bench --jobs 100 500 1000
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config, watch
 
@@ -72,42 +76,65 @@ def watch_added(
                 break
 
 
-def proc_stats(pid: int) -> tuple[float, int]:
-    """(CPU seconds user+system, peak RSS bytes) of a live process."""
+def proc_stats(pid: int) -> dict[str, float]:
+    """CPU seconds (user+system), peak and current RSS in MiB of a live process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    hwm = next(
-        line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM")
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
     )
-    return ticks / 100.0, int(hwm.split()[1]) * 1024
+    return {
+        "cpu_s": (int(fields[11]) + int(fields[12])) / 100.0,
+        "peak_rss_mib": int(status["VmHWM"].split()[0]) / 1024,
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+    }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--kubeconfig", default=None, help="default: the dev cluster's (devcluster.py env)")
-    parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--keep", action="store_true", help="leave the namespace behind")
-    args = parser.parse_args()
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 
-    kubeconfig = (
-        args.kubeconfig
-        or json.loads(
-            subprocess.run(
-                [sys.executable, str(REPO / "tools/devcluster/devcluster.py"), "status", "--json"],
-                capture_output=True,
-                text=True,
-            ).stdout
-        )["state"]["kubeconfig"]
+
+def passes(operator: OperatorProcess) -> float:
+    text = operator.metrics()
+    return sum(
+        metric(text, f'rljob_operator_reconcile_total{{result="{result}"}}') or 0.0
+        for result in ("ok", "error")
     )
-    config.load_kube_config(kubeconfig)
-    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
-    operator = OperatorProcess(Path(kubeconfig), Path("/tmp"), resync_seconds=300)
-    operator.start()
+
+
+def install_crds(kubectl: str, kubeconfig: str) -> None:
+    subprocess.run(
+        [kubectl, f"--kubeconfig={kubeconfig}", "apply", "--server-side", "--force-conflicts",
+         "-f", str(REPO / "crds")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        [kubectl, f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established", "--timeout=60s",
+         "crd/rltrainingjobs.rljob.dev"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def wait_until(done: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def one_round(
+    custom: client.CustomObjectsApi,
+    operator: OperatorProcess,
+    ns: str,
+    jobs: int,
+    timeout: float,
+    prefix: str,
+) -> dict[str, Any]:
+    """Create `jobs` jobs at once, wait for every RayJob and RayCluster, delete the jobs and wait
+    until the operator tracks none of them."""
     created: dict[str, float] = {}
     rayjobs: dict[str, float] = {}
     clusters: dict[str, float] = {}
@@ -122,53 +149,94 @@ def main() -> int:
     ]
     for t in watchers:
         t.start()
-    cpu0, _ = proc_stats(operator.proc.pid)
+    assert operator.proc is not None
+    before = proc_stats(operator.proc.pid)
+    passes_before = passes(operator)
 
     def create(i: int) -> None:
-        name = f"job-{i:05d}"
-        body = {
-            "apiVersion": "rljob.dev/v1alpha1",
-            "kind": "RLTrainingJob",
-            "metadata": {"name": name},
-            "spec": JOB,
-        }
-        custom.create_namespaced_custom_object("rljob.dev", "v1alpha1", ns, "rltrainingjobs", body)
+        name = f"{prefix}-{i:05d}"  # new names each round: the last round's RayClusters may still be going
+        body = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name}}
+        custom.create_namespaced_custom_object(
+            "rljob.dev", "v1alpha1", ns, "rltrainingjobs", {**body, "spec": JOB}
+        )
         created[name] = time.monotonic()
 
     start = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(create, range(args.jobs)))
+        list(pool.map(create, range(jobs)))
     create_seconds = time.monotonic() - start
-    deadline = time.monotonic() + args.timeout
-    while (len(rayjobs) < args.jobs or len(clusters) < args.jobs) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: len(rayjobs) >= jobs and len(clusters) >= jobs, timeout, "RayJobs and RayClusters")
     total_seconds = time.monotonic() - start
-    cpu1, peak_rss = proc_stats(operator.proc.pid)
     stop.set()
-    operator.stop()
+    loaded = proc_stats(operator.proc.pid)
+    passes_loaded = passes(operator)
 
+    custom.delete_collection_namespaced_custom_object("rljob.dev", "v1alpha1", ns, "rltrainingjobs")
+    wait_until(
+        lambda: metric(operator.metrics(), "rljob_operator_tracked_jobs") == 0,
+        timeout,
+        "the operator forgetting the deleted jobs",
+    )
+    time.sleep(5)  # the RayJobs' and pods' deletions reach the caches too
+    after = proc_stats(operator.proc.pid)
     job_latency = [rayjobs[n] - created[n] for n in created if n in rayjobs]
     cluster_latency = [clusters[n] - rayjobs[n] for n in rayjobs if n in clusters]
-    report = {
-        "jobs": args.jobs,
+    return {
         "created_in_s": round(create_seconds, 1),
         "all_rayjobs_and_clusters_in_s": round(total_seconds, 1),
-        "rayjobs_seen": len(job_latency),
-        "apply_to_rayjob_p50_s": round(statistics.median(job_latency), 3) if job_latency else None,
-        "apply_to_rayjob_p99_s": round(percentile(job_latency, 0.99), 3) if job_latency else None,
-        "kuberay_rayjob_to_raycluster_p50_s": round(statistics.median(cluster_latency), 3)
-        if cluster_latency
-        else None,
-        "kuberay_rayjob_to_raycluster_p99_s": round(percentile(cluster_latency, 0.99), 3)
-        if cluster_latency
-        else None,
-        "operator_cpu_s": round(cpu1 - cpu0, 1),
-        "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+        "apply_to_rayjob_p50_s": round(statistics.median(job_latency), 3),
+        "apply_to_rayjob_p99_s": round(percentile(job_latency, 0.99), 3),
+        "kuberay_rayjob_to_raycluster_p50_s": round(statistics.median(cluster_latency), 3),
+        "kuberay_rayjob_to_raycluster_p99_s": round(percentile(cluster_latency, 0.99), 3),
+        "operator_cpu_s": round(loaded["cpu_s"] - before["cpu_s"], 1),
+        "operator_cpu_ms_per_job": round(1000 * (loaded["cpu_s"] - before["cpu_s"]) / jobs, 1),
+        "reconcile_passes_per_job": round((passes_loaded - passes_before) / jobs, 1),
+        "operator_peak_rss_mib": round(loaded["peak_rss_mib"], 1),
+        "operator_rss_after_delete_mib": round(after["rss_mib"], 1),
+        "reconcile_errors": metric(operator.metrics(), 'rljob_operator_reconcile_total{result="error"}'),
     }
-    print(json.dumps(report, indent=2))
-    if not args.keep:
-        core.delete_namespace(ns)
-    return 0 if len(job_latency) == args.jobs else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, nargs="+", default=[100], help="N, one run each (a trend)")
+    parser.add_argument("--rounds", type=int, default=2, help="create/delete rounds per N (memory flat?)")
+    parser.add_argument("--cluster", default="rljob-dev", help="the devcluster's name")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+
+    state = json.loads(
+        subprocess.run(
+            [sys.executable, str(REPO / "tools/devcluster/devcluster.py"), "status", f"--name={args.cluster}",
+             "--json"],
+            capture_output=True, text=True,
+        ).stdout
+    )["state"]  # fmt: skip
+    kubeconfig = state["kubeconfig"]
+    install_crds(state["kubectl"], kubeconfig)
+    config.load_kube_config(kubeconfig)
+    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+    reports = []
+    for jobs in args.jobs:
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": ns}})
+        operator = OperatorProcess(Path(kubeconfig), Path("/tmp"), resync_seconds=300)
+        operator.start()
+        try:
+            started = proc_stats(operator.proc.pid)["rss_mib"] if operator.proc else 0.0
+            rounds = [
+                one_round(custom, operator, ns, jobs, args.timeout, prefix=f"r{r}")
+                for r in range(args.rounds)
+            ]
+        finally:
+            operator.stop()
+            core.delete_namespace(ns)
+        report = {"jobs": jobs, "operator_rss_at_start_mib": round(started, 1), "rounds": rounds}
+        reports.append(report)
+        print(json.dumps(report), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ no label set can be left behind after deletion, whatever label values were ever 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -71,32 +72,51 @@ class Metrics:
             "GPUs requested by jobs waiting in the Queued phase.",
             registry=registry,
         )
-        # Written by the reconciler's event loop, read by the /metrics server thread.
+        self.tracked_jobs = Gauge(
+            "rljob_operator_tracked_jobs",
+            "Jobs the operator holds per-job state for (reconcile locks, retries, metrics): "
+            "0 once every job is deleted.",
+            registry=registry,
+        )
+        # Written by the reconciler's event loop, read by the /metrics server thread. The aggregates
+        # are computed at scrape time: a reconcile pass then costs O(1) here, not O(jobs).
         self._lock = threading.Lock()
         self._seen: dict[JobKey, JobSample] = {}
+        self._trackers: list[Callable[[], set[JobKey]]] = []
         registry.register(_JobCollector(self._snapshot))
-        self._refresh()
+        for phase in PHASES:
+            self.jobs.labels(phase=phase).set_function(functools.partial(self._in_phase, phase))
+        self.queued_gpus.set_function(
+            lambda: sum(s.gpus for s in self._snapshot().values() if s.phase == "Queued")
+        )
+        self.tracked_jobs.set_function(lambda: len(self.keys()))
 
     def observe(self, key: JobKey, status: Mapping[str, Any]) -> None:
         """Record the job's status as the reconciler computed it (with the runtime's progress)."""
+        sample = sample_from_status(status)
         with self._lock:
-            self._seen[key] = sample_from_status(status)
-        self._refresh()
+            self._seen[key] = sample
 
     def forget(self, key: JobKey) -> None:
         with self._lock:
             self._seen.pop(key, None)
-        self._refresh()
+
+    def keys(self) -> set[JobKey]:
+        """The jobs with per-job state: these metrics' and what `track` added (the reconciler's)."""
+        with self._lock:
+            return set(self._seen).union(*(f() for f in self._trackers))
+
+    def track(self, keys: Callable[[], set[JobKey]]) -> None:
+        """Count the jobs `keys()` returns in rljob_operator_tracked_jobs (called from the scrape thread:
+        it must be safe to call there)."""
+        self._trackers.append(keys)
 
     def _snapshot(self) -> dict[JobKey, JobSample]:
         with self._lock:
             return dict(self._seen)
 
-    def _refresh(self) -> None:
-        samples = self._snapshot().values()
-        for phase in PHASES:
-            self.jobs.labels(phase=phase).set(sum(1 for s in samples if s.phase == phase))
-        self.queued_gpus.set(sum(s.gpus for s in samples if s.phase == "Queued"))
+    def _in_phase(self, phase: str) -> int:
+        return sum(1 for s in self._snapshot().values() if s.phase == phase)
 
 
 class _JobCollector(Collector):

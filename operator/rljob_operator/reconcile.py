@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rljob_api.contract import RLJOB_CACHE
+from rljob_api.contract import OPERATOR_FIELD_MANAGER, RLJOB_CACHE
 from rljob_api.errors import SpecError
 
 from .api_errors import ChildWriteError, Trouble, describe, trouble
+from .applied import AppliedChildren
 from .build import BuildSettings, build_conversion_rayjob, build_prerequisites, build_rayjob
 from .checks import (
     Blocker,
@@ -50,6 +51,7 @@ from .conversions import (
 from .conversions import events as conversion_events
 from .job import Job, job_from_object
 from .kube import Kube
+from .kueue import kueue_admits
 from .metrics import Metrics
 from .names import (
     KUEUE_GATE_MANAGER,
@@ -114,38 +116,70 @@ class Reconciler:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._failures: dict[tuple[str, str], int] = {}
         self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        # Jobs with a pass waiting for their lock: the events of a job's RayJob and pods that arrive
+        # while one pass runs fold into that one waiting pass (a workqueue's de-duplication).
+        self._waiting: set[tuple[str, str]] = set()
+        # Read from the /metrics thread: set(dict) copies in one C call under the GIL.
+        self._applied = AppliedChildren()
+        metrics.track(
+            lambda: set(self._locks) | set(self._failures) | set(self._retries) | self._applied.jobs()
+        )
 
     async def reconcile(self, namespace: str, name: str) -> None:
         key = (namespace, name)
+        if key in self._waiting:
+            return  # a pass already waits for this job's lock: it starts later and reads all this one would
         lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            started = time.perf_counter()
-            try:
-                await self._reconcile(namespace, name)
-            except Exception as exc:  # retried with backoff; never crash the operator
-                self.metrics.reconciles.labels(result="error").inc()
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
-                log.warning(
-                    "reconcile %s/%s failed (attempt %d), retrying in %ss: %s",
-                    namespace,
-                    name,
-                    failures,
-                    delay,
-                    describe(exc),
-                )
-                shown = trouble(exc, failures, delay)
-                if shown is not None:
-                    await self._report_trouble(namespace, name, shown)
-                self._retry_later(key, delay)
-            else:
-                self.metrics.reconciles.labels(result="ok").inc()
-                self._failures.pop(key, None)
-                retry = self._retries.pop(key, None)
-                if retry is not None:
-                    retry.cancel()  # this pass did what the retry was for
-            finally:
-                self.metrics.duration.observe(time.perf_counter() - started)
+        self._waiting.add(key)
+        try:
+            await lock.acquire()
+        finally:
+            self._waiting.discard(key)
+        try:
+            await self._pass(key)
+        finally:
+            lock.release()
+
+    async def _pass(self, key: tuple[str, str]) -> None:
+        """One pass with its outcome: counted, and retried with backoff after a failure."""
+        namespace, name = key
+        started = time.perf_counter()
+        try:
+            await self._reconcile(namespace, name)
+        except Exception as exc:  # retried with backoff; never crash the operator
+            if await self._deleted_meanwhile(namespace, name):
+                self.forget(key)  # a 404 on a write of a job deleted mid-pass: nothing to retry
+                return
+            self.metrics.reconciles.labels(result="error").inc()
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+            log.warning(
+                "reconcile %s/%s failed (attempt %d), retrying in %ss: %s",
+                namespace,
+                name,
+                failures,
+                delay,
+                describe(exc),
+            )
+            shown = trouble(exc, failures, delay)
+            if shown is not None:
+                await self._report_trouble(namespace, name, shown)
+            self._retry_later(key, delay)
+        else:
+            self.metrics.reconciles.labels(result="ok").inc()
+            self._failures.pop(key, None)
+            retry = self._retries.pop(key, None)
+            if retry is not None:
+                retry.cancel()  # this pass did what the retry was for
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - started)
+
+    async def _deleted_meanwhile(self, namespace: str, name: str) -> bool:
+        try:
+            obj = await self.kube.get_job(namespace, name)
+        except Exception:
+            return False  # the failure stands as it is
+        return obj is None or bool(obj["metadata"].get("deletionTimestamp"))
 
     def _retry_later(self, key: tuple[str, str], delay: float) -> None:
         if key in self._retries:
@@ -156,8 +190,7 @@ class Reconciler:
     async def _reconcile(self, namespace: str, name: str) -> None:
         obj = await self.kube.get_job(namespace, name)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
-            self.metrics.forget((namespace, name))  # children go by garbage collection
-            self._drop((namespace, name))
+            self.forget((namespace, name))  # children go by garbage collection
             return
         try:
             job = job_from_object(obj)
@@ -194,20 +227,23 @@ class Reconciler:
                     if rayjob is None and not job.status.get("phase"):
                         job = await self._record_pending(obj, job, Observed(now, None, None, queue))
                     for child in build_prerequisites(job, self.settings):
-                        await self._apply_child(child)
+                        await self._apply_child(job, child, read=False)
                     if rayjob is None and needs_megatron_checkpoint(job) and not job.spec.suspend:
                         # Training starts from the model cache's Megatron checkpoint: made first.
                         want = megatron_conversion(job, RLJOB_CACHE)
                         create = await self._conversion(job, want, conversions) == SUCCEEDED
                 if create:
                     created = rayjob is None
-                    if created and job.spec.queue_name and not job.spec.suspend:
-                        # Born suspended under a manager of its own, which Kueue's admission replaces.
+                    if created and suspend is None:
+                        # Kueue's (_admission): born suspended under a manager of its own, which
+                        # Kueue's admission replaces.
                         rayjob = await self._apply_child(
-                            build_rayjob(job, self.settings, suspend=True), manager=KUEUE_GATE_MANAGER
+                            job, build_rayjob(job, self.settings, suspend=True), manager=KUEUE_GATE_MANAGER
                         )
                         self._announce_created(obj, job, rayjob)  # announced even if the next apply fails
-                    applied = await self._apply_child(build_rayjob(job, self.settings, suspend=suspend))
+                    applied = await self._apply_child(
+                        job, build_rayjob(job, self.settings, suspend=suspend), current=rayjob
+                    )
                     if created and rayjob is None:
                         self._announce_created(obj, job, applied)
                     rayjob = applied
@@ -233,7 +269,7 @@ class Reconciler:
             for event in conversion_events(job.status, status.get("conversions") or []):
                 self.emit(obj, *event)
         if holds_pods(status, rayjob):  # failed by its startup timeout: free the quota its pods hold
-            await self._apply_child(build_rayjob(job, self.settings, suspend=True))
+            await self._apply_child(job, build_rayjob(job, self.settings, suspend=True), current=rayjob)
         self.metrics.observe((namespace, name), {**job.status, **status})  # progress is the runtime's
 
     async def _restart(
@@ -279,8 +315,8 @@ class Reconciler:
             return FAILED  # kept for a person: deleting it asks for another try
         if rayjob is None:
             for child in build_prerequisites(job, self.settings):  # its pod's service account
-                await self._apply_child(child)
-            rayjob = await self._apply_child(build_conversion_rayjob(job, self.settings, want))
+                await self._apply_child(job, child, read=False)
+            rayjob = await self._apply_child(job, build_conversion_rayjob(job, self.settings, want))
         conversions.seen[want.name] = rayjob
         return state_of(rayjob)[0]
 
@@ -288,21 +324,44 @@ class Reconciler:
         name = rayjob["metadata"]["name"]
         self.emit(obj, "Normal", "Created", f"created RayJob {name} ({job.spec.total_gpus()} GPUs)")
 
-    def _drop(self, key: tuple[str, str]) -> None:
-        """A deleted job leaves no per-job state behind (locks, failure counts, pending retries)."""
+    def reapply_all(self) -> None:
+        """The next pass of each job applies its children again, changed or not (the resync pass:
+        restores a child deleted or edited by hand)."""
+        self._applied.forget_all()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A deleted job leaves no per-job state behind (locks, failure counts, pending retries,
+        metrics)."""
+        self.metrics.forget(key)
+        self._applied.forget(key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         retry = self._retries.pop(key, None)
         if retry is not None:
             retry.cancel()
 
-    async def _apply_child(self, child: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        """Server-side apply of one child; a failure names the child (api_errors decides whether a
-        retry can help)."""
+    async def _apply_child(
+        self,
+        job: Job,
+        child: dict[str, Any],
+        *,
+        current: dict[str, Any] | None = None,
+        read: bool = True,
+        manager: str = OPERATOR_FIELD_MANAGER,
+    ) -> dict[str, Any]:
+        """Server-side apply of one child, unless this body was applied before and nothing since calls
+        for it (applied.py: `current` is the object as read this pass, None when missing; `read=False`
+        for a child never read). Returns the applied object, or `current` when skipped. A failure
+        names the child (api_errors decides whether a retry can help)."""
+        key, slot = (job.namespace, job.name), (child["kind"], child["metadata"]["name"], manager)
+        if self._applied.unchanged(key, slot, child, current, read=read):
+            return current or {}
         try:
-            return await self.kube.apply(child, **kwargs)
+            result = await self.kube.apply(child, manager=manager)
         except Exception as exc:
             raise ChildWriteError(child["kind"], child["metadata"]["name"], exc) from exc
+        self._applied.record(key, slot, child, result)
+        return result
 
     async def _report_trouble(self, namespace: str, name: str, shown: Trouble) -> None:
         """A failed pass on the job: a refusal (a permission the operator lacks, a child the API server
@@ -320,7 +379,8 @@ class Reconciler:
             if not status_changed(job.status, status):
                 return  # once per refusal, not at every retry
             kind = "Stalled" if shown.stalled else "Reconciling"
-            old = next((c for c in job.status.get("conditions") or [] if c.get("type") == kind), {})
+            conditions = job.status.get("conditions") or []
+            old: dict[str, Any] = next((c for c in conditions if c.get("type") == kind), {})
             if shown.stalled or old.get("reason") != shown.reason:
                 self.emit(obj, "Warning", shown.reason, shown.message)
             await self.kube.apply_job_status(namespace, name, status)
@@ -362,9 +422,9 @@ class Reconciler:
         exists = rayjob is not None
         if job.spec.suspend:
             return exists, True, None
-        if job.spec.queue_name:
+        if kueue_admits(job, self.settings.kueue_manage_jobs_without_queue_name):
             return True, None, None  # Kueue decides when it runs
-        if exists and not (rayjob.get("spec") or {}).get("suspend"):
+        if rayjob is not None and not (rayjob.get("spec") or {}).get("suspend"):
             return True, False, None  # already admitted: never re-queued
         decision = await self._quota(job)
         if decision.admitted:

@@ -10,9 +10,10 @@ import json
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rljob_operator.kube import APPLY, PAGE, Kube
+from rljob_operator.kube import APPLY, PAGE, Kube, env_proxy, without_env_lookups
 from rljob_operator.permissions import api_message
 
 
@@ -150,3 +151,31 @@ def test_exists_reads_metadata_only_and_a_404_is_false() -> None:
     assert _with_kube(use) == (True, False)
     assert asked[0]["path"] == "/api/v1/namespaces/ml/secrets/hf" and asked[0]["method"] == "GET"
     assert "PartialObjectMetadata" in asked[0]["header_params"]["Accept"]
+
+
+def test_the_session_reads_no_netrc_or_proxy_variables_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp's trust_env costs a thread hop and a ~/.netrc read per call: off, with the
+    environment's proxy for the API server looked up once instead."""
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    for name in ("https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def use(kube: Kube) -> Any:
+        return kube.api.rest_client.pool_manager.trust_env
+
+    assert _with_kube(use) is False
+
+    async def session(host: str) -> tuple[bool, str | None]:
+        api = client.ApiClient(client.Configuration(host=host))
+        try:
+            without_env_lookups(api)
+            return api.rest_client.pool_manager.trust_env, api.rest_client.proxy
+        finally:
+            await api.close()
+
+    assert asyncio.run(session("https://10.0.0.1:6443")) == (False, "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1,.svc")
+    assert asyncio.run(session("https://10.0.0.1:6443")) == (False, None)
+    assert env_proxy("https://kubernetes.default.svc") is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    assert env_proxy("https://api.example:6443") is None

@@ -302,8 +302,10 @@ class FakeKube:
         return copy.deepcopy(stored.obj) if stored else None
 
     def _list(self, kind: str, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        """Read-only views, as the operator's watch caches hand out the cached objects themselves
+        (watch_cache.py): a reconciler that changed a listed object fails here with a TypeError."""
         return [
-            copy.deepcopy(s.obj)
+            frozen(s.obj)
             for (k, ns, _), s in sorted(self.store.items())
             if k == kind
             and namespace in (None, ns)
@@ -403,6 +405,32 @@ class FakeKube:
 
     def report_progress(self, name: str, progress: Mapping[str, Any], namespace: str = "ml") -> None:
         self.put_status(JOB, namespace, name, {"progress": dict(progress)}, RUNTIME_FIELD_MANAGER)
+
+
+class _ReadOnlyList(list[Any]):
+    def _refuse(self, *_: Any, **__: Any) -> None:
+        raise TypeError("a listed object is read-only: copy it before changing it")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+class _ReadOnlyDict(dict[str, Any]):
+    def _refuse(self, *_: Any, **__: Any) -> None:
+        raise TypeError("a listed object is read-only: copy it before changing it")
+
+    pop = popitem = clear = update = setdefault = _refuse
+    __setitem__ = __delitem__ = __ior__ = _refuse
+
+
+def frozen(obj: Any) -> Any:
+    """A deep read-only copy (still a dict and lists, as pydantic and the code expect) whose changes
+    raise TypeError."""
+    if isinstance(obj, Mapping):
+        return _ReadOnlyDict({k: frozen(v) for k, v in obj.items()})
+    if isinstance(obj, list | tuple):
+        return _ReadOnlyList(frozen(v) for v in obj)
+    return obj
 
 
 def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:

@@ -61,6 +61,7 @@ def test_a_500_a_timeout_and_a_conflict_are_retried_with_backoff_then_recovered(
     assert [e[:2] for e in h.events].count(("Warning", "Retrying")) == 1  # one event, not one per attempt
     assert h.condition("job-a", "Reconciling")["reason"] == "Starting"
     h.kube.fail("apply", server_error(), when=_rayjob)
+    h.reconciler.reapply_all()  # as a resync pass does: the unchanged RayJob is applied again
     h.reconcile("job-a")
     assert h.timers[-1].delay == BACKOFF_SECONDS[0]  # a new failure starts over
 

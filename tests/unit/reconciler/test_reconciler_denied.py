@@ -44,6 +44,7 @@ def test_a_403_on_a_running_job_keeps_it_running() -> None:
     h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
     h.reconcile("job-a")
     h.kube.fail("apply", forbidden("patch", "rayjobs", "ray.io", "ml", "job-a"), when=_rayjob)
+    h.reconciler.reapply_all()  # the resync pass applies the unchanged RayJob again
     h.reconcile("job-a")
     assert h.status("job-a")["phase"] == "Running"
     assert _stalled(h)[:2] == ("True", "PermissionDenied")

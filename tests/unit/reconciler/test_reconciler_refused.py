@@ -68,6 +68,7 @@ def test_a_refused_update_of_a_running_job_keeps_it_running_and_stalled() -> Non
     h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
     h.reconcile("job-a")
     h.kube.fail("apply", api_error(422, "Invalid", INVALID), when=_rayjob)
+    h.reconciler.reapply_all()  # the resync pass applies the unchanged RayJob again
     h.reconcile("job-a")
     assert h.status("job-a")["phase"] == "Running" and h.condition("job-a", "Ready")["status"] == "True"
     assert _stalled(h)[:2] == ("True", "ApplyRefused")
