@@ -1,7 +1,7 @@
 """What the operator last applied to each child, so a pass does not re-send an unchanged body.
 
-A job is reconciled on every event of its RayJob and pods (KubeRay writes the RayJob's status a
-dozen times while it starts), and each pass used to re-apply the prerequisites and the RayJob: no-op
+A job is reconciled on every event of its RayJob and pods (KubeRay writes the RayJob's status
+several times while it starts), and each pass used to re-apply the prerequisites and the RayJob: no-op
 server-side applies, each a round trip with a full object back. Now a child is applied again only
 when its body changed, or when the object read this pass is not the one applied (another uid, or a
 spec changed since: its generation moved). Prerequisites are never read, so `forget_all` (the

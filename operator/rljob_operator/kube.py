@@ -64,7 +64,7 @@ def env_proxy(url: str) -> str | None:
 
 def without_env_lookups(api: client.ApiClient) -> None:
     """kubernetes_asyncio's aiohttp session trusts the environment, so every request reads ~/.netrc and
-    the proxy variables in a worker thread: a sixth of the operator's CPU in a burst of jobs, and a
+    the proxy variables in a worker thread: about a tenth of the operator's CPU in a burst of jobs, and a
     thread hop per call. The proxy is looked up once here instead (the kubeconfig's own wins); the API
     server's credentials come from the kubeconfig, never from netrc."""
     rest = api.rest_client
