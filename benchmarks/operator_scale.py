@@ -105,16 +105,24 @@ def passes(operator: OperatorProcess) -> float:
 
 
 def install_crds(kubectl: str, kubeconfig: str) -> None:
+    run = [kubectl, f"--kubeconfig={kubeconfig}"]
     subprocess.run(
-        [kubectl, f"--kubeconfig={kubeconfig}", "apply", "--server-side", "--force-conflicts",
-         "-f", str(REPO / "crds")],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    subprocess.run(
-        [kubectl, f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established", "--timeout=60s",
-         "crd/rltrainingjobs.rljob.dev"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [*run, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds")], check=True
+    )
+    # Polled: `kubectl wait --for=condition=Established` fails outright on a CRD with no status yet.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_until(
+        lambda: (
+            subprocess.run(
+                [*run, "get", "crd/rltrainingjobs.rljob.dev", "-o", f"jsonpath={established}"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            == "True"
+        ),
+        60,
+        "the RLTrainingJob CRD Established",
+    )
 
 
 def wait_until(done: Any, timeout: float, what: str) -> None:

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -93,3 +95,21 @@ class OperatorProcess:
                 return resp.read().decode()
         except OSError:
             return None
+
+
+def wait_for(what: str, check: Callable[[], Any], operator: OperatorProcess, timeout: float = 180) -> Any:
+    """`check()`'s first truthy value, polled each second; past `timeout` the test fails with the last
+    value and the operator's log."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(1)
+    pytest.fail(
+        f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\noperator log:\n{operator.log_tail()}",
+        pytrace=False,
+    )

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_process import OperatorProcess
+from operator_process import OperatorProcess, wait_for
 
 from rljob_api.resource import API_VERSION, KIND
 
@@ -43,7 +43,6 @@ H100 = {
     "nodeSelector": {"rljob.dev/gpu-pool": "h100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
-TIMEOUT = 180
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GATE_MANAGER = "rljob-operator-kueue-gate"
@@ -173,20 +172,6 @@ def job(name: str, namespace: str, patch: dict[str, Any] | None = None) -> dict[
         "metadata": {"name": name, "namespace": namespace, "annotations": {"rljob.dev/entrypoint": SLEEP}},
         "spec": patched({"resources": H100, **(patch or {})}),
     }
-
-
-def wait_for(what: str, check: Callable[[], Any], operator: OperatorProcess, timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(1)
-    pytest.fail(
-        f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\noperator log:\n{operator.log_tail()}",
-        pytrace=False,
-    )
 
 
 def status(crd: Any, ns: str, name: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_process import OperatorProcess
+from operator_process import OperatorProcess, wait_for
 
 from rljob_api.resource import API_VERSION, KIND
 
@@ -26,7 +26,6 @@ H100 = {
     "nodeSelector": {"rljob.dev/gpu-pool": "h100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
-TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +42,6 @@ def job(name: str, patch: dict[str, Any] | None = None, entrypoint: str | None =
     if entrypoint:
         meta["annotations"] = {"rljob.dev/entrypoint": entrypoint}
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
-
-
-def wait_for(what: str, check: Callable[[], Any], operator: OperatorProcess, timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(1)
-    pytest.fail(
-        f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\noperator log:\n{operator.log_tail()}",
-        pytrace=False,
-    )
 
 
 def status(cluster: Any, ns: str, name: str) -> dict[str, Any]:

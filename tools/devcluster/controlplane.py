@@ -213,9 +213,9 @@ def create_nodes(ctx: Ctx) -> list[str]:
     return names
 
 
-def install_kuberay_crds(ctx: Ctx) -> None:
-    crds = kuberay_crd_dir()
-    ctx.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=120)
+def install_crds(ctx: Ctx, crds: Path) -> list[str]:
+    """Server-side apply of the CRDs in `crds`, then wait until each is Established; their names."""
+    ctx.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=180)
     names = [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in sorted(crds.glob("*.yaml"))]
     # Polled: `kubectl wait --for=condition=Established` fails outright ("accessor error: <nil>")
     # on a CRD whose status the API server has not written yet.
@@ -230,4 +230,9 @@ def install_kuberay_crds(ctx: Ctx) -> None:
             60,
             ctx.kwok_cluster_dir / "logs" / "kube-apiserver.log",
         )
+    return names
+
+
+def install_kuberay_crds(ctx: Ctx) -> None:
+    names = install_crds(ctx, kuberay_crd_dir())
     log(f"KubeRay {gomod_versions()['kuberay']} CRDs established: {', '.join(n[4:] for n in names)}")

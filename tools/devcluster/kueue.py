@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from build import ensure_one, gomod_versions, kueue_binary
 from common import LOOPBACK, HarnessError, cache_root, log
+from controlplane import install_crds
 from procs import file_lock, free_ports, http_get, pid_alive, spawn, stop_pid, wait_for
 from state import Ctx, save_state
 
@@ -137,22 +138,6 @@ def webhook_configurations(manifests: Path, url: str, ca_bundle: str) -> list[di
             hooks.append(hook)
         out.append({**doc, "metadata": {"name": name}, "webhooks": hooks})
     return out
-
-
-def install_crds(ctx: Ctx, crds: Path) -> None:
-    ctx.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=180)
-    established = '{.status.conditions[?(@.type=="Established")].status}'
-    for f in sorted(crds.glob("*.yaml")):
-        name = f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}"
-        wait_for(
-            f"{name} Established",
-            lambda name=name: (
-                ctx.kubectl("get", name, "-o", f"jsonpath={established}", check=False).stdout.strip()
-                == "True"
-            ),
-            60,
-            ctx.kwok_cluster_dir / "logs" / "kube-apiserver.log",
-        )
 
 
 _PROBE = {
