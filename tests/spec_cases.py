@@ -108,16 +108,54 @@ RULE_CASES = [
         {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}},
     ),
     Case(
-        "async-buffer-not-yet",
+        "async-settings-need-async",
         {"rollout": {"async": {"bufferSize": 2}}},
-        "spec.rollout.async.bufferSize",
-        "not supported by this runtime yet: rollout.async.bufferSize > 1",
+        "spec.rollout.async.enabled",
+        "rollout.async.bufferSize and rollout.async.updateWeightsInterval apply only with rollout.async.enabled",
+        {
+            "rollout": {"async": {"enabled": True, "bufferSize": 2}},
+            "resources": {"colocate": False, "rollout": {"gpus": 8}},
+        },
     ),
     Case(
-        "partial-rollout-not-yet",
+        "partial-rollout-needs-something-to-abort",
         {"rollout": {"partialRollout": True}},
         "spec.rollout.partialRollout",
-        "not supported by this runtime yet: rollout.partialRollout; leave it false",
+        "rollout.partialRollout needs algorithm.dynamicSampling.enabled",
+        {"rollout": {"partialRollout": True}, "algorithm": {"dynamicSampling": {"enabled": True}}},
+    ),
+    Case(
+        "partial-rollout-not-with-a-generate-hook",
+        {
+            "rollout": {"partialRollout": True, "customGenerate": "tools.agent:generate"},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
+        "spec.rollout.partialRollout",
+        "rollout.partialRollout cannot be used with rollout.customGenerate",
+        {
+            "rollout": {"customGenerate": "tools.agent:generate"},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
+    ),
+    Case(
+        "mask-off-policy-needs-partial-rollout",
+        {"rollout": {"maskOffPolicyPartialTokens": True}},
+        "spec.rollout.maskOffPolicyPartialTokens",
+        "rollout.maskOffPolicyPartialTokens needs rollout.partialRollout true",
+        {
+            "rollout": {"maskOffPolicyPartialTokens": True, "partialRollout": True},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
+    ),
+    Case(
+        "custom-filter-needs-dynamic-sampling",
+        {"rollout": {"customFilter": "filters.mine:keep"}},
+        "spec.rollout.customFilter",
+        "rollout.customFilter filters the groups of algorithm.dynamicSampling",
+        {
+            "rollout": {"customFilter": "filters.mine:keep"},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
     ),
     Case(
         "export-needs-checkpoint-volume",

@@ -94,6 +94,23 @@ _SPEC_RULES = (
         field=".algorithm.dynamicSampling.enabled",
         check=lambda s: not s.algorithm.dynamic_sampling.enabled or s.rollout.n_samples_per_prompt >= 2,
     ),
+    Rule(
+        cel="!self.rollout.partialRollout || self.algorithm.dynamicSampling.enabled || self.rollout.async.enabled",
+        message="rollout.partialRollout needs algorithm.dynamicSampling.enabled (the requests aborted when a "
+        "step has its batch are continued next step) or rollout.async.enabled (a weight push aborts the "
+        "requests in flight, which continue under the new weights); without either nothing is aborted",
+        field=".rollout.partialRollout",
+        check=lambda s: (
+            not s.rollout.partial_rollout or s.algorithm.dynamic_sampling.enabled or s.rollout.async_.enabled
+        ),
+    ),
+    Rule(
+        cel="!has(self.rollout.customFilter) || self.algorithm.dynamicSampling.enabled",
+        message="rollout.customFilter filters the groups of algorithm.dynamicSampling: set "
+        "algorithm.dynamicSampling.enabled true, or remove it",
+        field=".rollout.customFilter",
+        check=lambda s: s.rollout.custom_filter is None or s.algorithm.dynamic_sampling.enabled,
+    ),
     # What the runtime does not run yet (device x engine x backend x mode x features): support.py.
     *SUPPORT_RULES,
     immutable("model", "model", hint="a different model is a different job; create a new RLTrainingJob"),

@@ -24,6 +24,16 @@ class RouterSpec(ApiModel):
 class AsyncSpec(ApiModel):
     """Asynchronous training: generation of the next step overlaps training on this one."""
 
+    rules = (
+        Rule(
+            cel="self.enabled || (self.bufferSize == 1 && self.updateWeightsInterval == 1)",
+            message="rollout.async.bufferSize and rollout.async.updateWeightsInterval apply only with "
+            "rollout.async.enabled true (synchronous training pushes the weights after every step)",
+            field=".enabled",
+            check=lambda a: a.enabled or (a.buffer_size == 1 and a.update_weights_interval == 1),
+        ),
+    )
+
     enabled: bool = Field(
         default=False,
         description="Generate step k+1 while training on step k (one step off-policy). Needs colocate false.",
@@ -32,14 +42,18 @@ class AsyncSpec(ApiModel):
         default=1,
         ge=1,
         le=64,
-        description="Rollout steps that may wait for the trainer before generation pauses. Only 1 runs today "
-        "(larger values are refused: not supported yet).",
+        description="Rollouts generated ahead of the trainer: generation pauses while this many wait for it "
+        "(1: the next step's rollout overlaps this step's training, one step off-policy; N: up to N steps "
+        "off-policy). Rollouts are generated one after another; the buffered ones are saved with each "
+        "checkpoint.",
     )
     update_weights_interval: int = Field(
         default=1,
         ge=1,
         le=1000,
-        description="Push weights to the engines every N training steps (never in the middle of a generation).",
+        description="Push weights to the engines every N training steps: the push waits for the rollout in "
+        "flight (never in the middle of a generation), except with rollout.partialRollout, where the "
+        "requests in flight are aborted, the weights updated and the responses continued.",
     )
 
 
@@ -84,6 +98,20 @@ class RolloutSpec(ApiModel):
     rules = (
         immutable("engine", "engine", hint="the engine is part of the job's pods; create a new job"),
         *_SGLANG_ARGS_RULES,
+        Rule(
+            cel="!self.partialRollout || !has(self.customGenerate)",
+            message="rollout.partialRollout cannot be used with rollout.customGenerate: a hook's multi-turn "
+            "request cannot be resumed from its partial output; set partialRollout false",
+            field=".partialRollout",
+            check=lambda r: not r.partial_rollout or r.custom_generate is None,
+        ),
+        Rule(
+            cel="!self.maskOffPolicyPartialTokens || self.partialRollout",
+            message="rollout.maskOffPolicyPartialTokens needs rollout.partialRollout true (only continued "
+            "responses mix weight versions)",
+            field=".maskOffPolicyPartialTokens",
+            check=lambda r: not r.mask_off_policy_partial_tokens or r.partial_rollout,
+        ),
     )
 
     engine: Literal["sglang", "hf"] = Field(
@@ -134,8 +162,27 @@ class RolloutSpec(ApiModel):
     )
     partial_rollout: bool = Field(
         default=False,
-        description="Keep responses aborted at the end of a step (dynamic sampling) and continue them next step. "
-        "Not supported yet: true is refused.",
+        description="Keep the tokens of aborted requests and continue them instead of dropping them: with "
+        "algorithm.dynamicSampling, the groups still generating when a step has its batch are aborted and "
+        "continued first in the next step (saved with each checkpoint); with rollout.async, a weight push "
+        "aborts the requests in flight and they continue under the new weights. Each token records the "
+        "weight version that generated it (staleness metrics, maskOffPolicyPartialTokens). Needs "
+        "algorithm.dynamicSampling or rollout.async; refused with customGenerate (a hook's multi-turn "
+        "request cannot be resumed).",
+    )
+    mask_off_policy_partial_tokens: bool = Field(
+        default=False,
+        description="With partialRollout: tokens of a continued response that an older weight version generated "
+        "than its last tokens are left out of the loss (slime's --mask-offpolicy-in-partial-rollout). When "
+        "false they are trained on, and TIS (algorithm.tis) weights each by its own rollout log-prob.",
+    )
+    custom_filter: ImportPath | None = Field(
+        default=None,
+        description="A group filter 'package.module:function' for algorithm.dynamicSampling, replacing the "
+        "zero-reward-variance default (slime's --dynamic-sampling-filter-path). Signature: fn(samples) -> "
+        "bool or (bool, reason), sync or async, called with one prompt's scored samples (sample.reward "
+        "set); true keeps the group. Reasons are counted in the dynamic_sampling/dropped/<reason> "
+        "metrics. The module must be importable by the runtime; it is imported before anything starts.",
     )
     async_: AsyncSpec = Field(
         default_factory=AsyncSpec,

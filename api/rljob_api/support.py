@@ -186,20 +186,6 @@ def _async_limit(mode: str) -> Limit:
 # Fields the API keeps for features to come; only their defaults run today.
 FEATURES_NOT_YET: tuple[Limit, ...] = (
     Limit(
-        field=".rollout.partialRollout",
-        what="rollout.partialRollout",
-        instead="leave it false (responses aborted at the end of a step are dropped, not continued)",
-        cel="!self.rollout.partialRollout",
-        supported=lambda s: not s.rollout.partial_rollout,
-    ),
-    Limit(
-        field=".rollout.async.bufferSize",
-        what="rollout.async.bufferSize > 1 (one rollout in flight at a time, one step off-policy)",
-        instead="leave it 1",
-        cel="self.rollout.async.bufferSize <= 1",
-        supported=lambda s: s.rollout.async_.buffer_size <= 1,
-    ),
-    Limit(
         field=".training.dynamicBatch.enabled",
         what="training.dynamicBatch (micro-batches packed by token count)",
         instead="use training.microBatchSize",

@@ -2,10 +2,12 @@
 router, score, compute advantages, train, push weights, save on interval, report.
 
 Everything that can be wrong with the config or the data is checked in `prepare` before Ray
-starts (no GPU is taken for a run that cannot work). Async mode overlaps the generation of step
-k+1 with training on step k (one step off-policy); weights are pushed between generations only.
-Dynamic sampling (DAPO) replaces the plain generation of a step with rounds of over-sampled
-prompts whose zero-variance groups are dropped (``dynamic_rollout``).
+starts (no GPU is taken for a run that cannot work). Async mode makes the rollouts of the next
+steps (up to rollout.async.bufferSize) while the trainer trains (``rollouts_ahead``); weights are
+pushed between generations only, unless partial rollout lets a push abort the requests in flight
+(they continue under the new weights). Dynamic sampling (DAPO) replaces the plain generation of a
+step with rounds of over-sampled prompts whose groups the filter drops (``dynamic_rollout``); with
+partial rollout the groups aborted when a step has its batch are carried to the next (``carried``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,9 @@ from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.support import unsupported
 
+from .algo.group_filter import GroupFilter, load_group_filter
+from .algo.staleness import mask_off_policy_tokens, staleness_metrics
+from .carried import CarriedGroups
 from .checkpoint import store
 from .checkpoint.errors import CheckpointWriteError
 from .colocation import Turns
@@ -39,7 +43,8 @@ from .data.sample import Sample, Status
 from .models import resolve_model, resolve_tokenizer
 from .report import JobIdentity, ProgressReporter
 from .rollout.custom_generate import load_hook
-from .step_rollout import StepRollout, next_rollout_async, step_rollout
+from .rollouts_ahead import RolloutsAhead
+from .step_rollout import StepRollout, step_rollout
 from .sync import WeightTransport, make_transport
 from .trainer_restart import RestartsExhausted, TrainerRestarts, one_line
 from .wandb_log import RunIdentity, WandbLogger
@@ -65,6 +70,8 @@ class Prepared:
     eval_sets: list[EvalDataset]
     reward: RewardFunction
     dropped_prompts: int
+    group_filter: GroupFilter = field(default_factory=GroupFilter)  # dynamic sampling's
+    carried: CarriedGroups = field(default_factory=CarriedGroups)  # partial rollout's
 
 
 @dataclass
@@ -123,7 +130,8 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     reward = build_reward(spec.reward)
     if spec.rollout.custom_generate:  # import and check the hook now, not after the engines started
         load_hook(spec.rollout.custom_generate)
-    return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long)
+    group_filter = load_group_filter(spec.rollout.custom_filter, reward_key=spec.reward.reward_key)
+    return Prepared(spec, model_path, source, eval_sets, reward, loaded.dropped_too_long, group_filter)
 
 
 def check_spec(spec: RLTrainingJobSpec) -> None:
@@ -335,31 +343,70 @@ def _loop(
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
     restarts = TrainerRestarts(spec.fault_tolerance.max_trainer_restarts)
-    pending = _ready(buffered)  # the in-flight rollout saved by the last checkpoint
+    source = _Rollouts(prepared, crew.rollout, start, buffered)  # the rollouts saved by the checkpoint
     step = start
-    while step < total:
-        if options.stop_after is not None and step - start >= options.stop_after:
-            break
-        try:
-            pending = _step(prepared, options, crew, reporter, result, rng, step, pending)
-        except Exception as exc:
-            lost = _lost_trainer_ranks(crew.trainer, exc)
-            if not lost:
-                raise
-            step, pending = _restart_trainer(
-                prepared, crew, reporter, result, rng, origin, restarts, (step, lost, exc), pending
-            )
-            continue
-        step += 1
+    try:
+        while step < total:
+            if options.stop_after is not None and step - start >= options.stop_after:
+                break
+            try:
+                _step(prepared, options, crew, reporter, result, rng, step, source)
+            except Exception as exc:
+                lost = _lost_trainer_ranks(crew.trainer, exc)
+                if not lost:
+                    raise
+                source.close(wait=True)  # a restart must not find a generation still running
+                step, buffered = _restart_trainer(
+                    prepared, crew, reporter, result, rng, origin, restarts, (step, lost, exc)
+                )
+                source = _Rollouts(prepared, crew.rollout, step, buffered)
+                continue
+            step += 1
+    except BaseException:
+        source.close(wait=False)  # an interrupted run does not wait for a generation
+        raise
+    source.close(wait=True)
     return result
 
 
-def _ready(buffered: StepRollout | None) -> Future[StepRollout] | None:
-    if buffered is None:
-        return None
-    done: Future[StepRollout] = Future()
-    done.set_result(buffered)
-    return done
+class _Rollouts:
+    """Where each step's rollout comes from: made now (sync), or by the async producer; the rollouts
+    a checkpoint saved go first."""
+
+    def __init__(self, prepared: Prepared, rollout: Rollout, start: int, buffered: list[StepRollout]) -> None:
+        spec = prepared.spec
+        self.prepared, self.rollout = prepared, rollout
+        self.backlog = list(buffered)
+        self.ahead: RolloutsAhead | None = None
+        if spec.rollout.async_.enabled:
+            count = max(0, spec.training.num_rollout - start - len(self.backlog))
+            self.ahead = RolloutsAhead(
+                functools.partial(step_rollout, prepared, rollout),
+                depth=spec.rollout.async_.buffer_size,
+                count=count,
+                ready=self.backlog,
+            )
+            self.backlog = []
+
+    def take(self) -> StepRollout:
+        if self.ahead is not None:
+            return self.ahead.take()
+        if self.backlog:
+            return self.backlog.pop(0)
+        return step_rollout(self.prepared, self.rollout)
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[list[StepRollout]]:
+        """No rollout is being made inside; yields those made and not yet taken (a checkpoint's)."""
+        if self.ahead is None:
+            yield list(self.backlog)
+            return
+        with self.ahead.quiet():
+            yield self.ahead.buffered()
+
+    def close(self, *, wait: bool) -> None:
+        if self.ahead is not None:
+            self.ahead.close(wait=wait)
 
 
 def _step(
@@ -370,10 +417,10 @@ def _step(
     result: RunResult,
     rng: random.Random,
     step: int,
-    pending: Future[StepRollout] | None,
-) -> Future[StepRollout] | None:
-    """One rollout step: generate (or take the rollout in flight), score, train, save on interval,
-    push the weights, evaluate, report. Returns the next step's rollout in flight (async mode)."""
+    source: _Rollouts,
+) -> None:
+    """One rollout step: take its rollout (made now, or ahead in async mode), score, train, save on
+    interval, push the weights, evaluate, report."""
     spec = prepared.spec
     trainer, rollout, turns, transport = crew.trainer, crew.rollout, crew.turns, crew.transport
     total = spec.training.num_rollout
@@ -381,51 +428,51 @@ def _step(
     t_step = time.perf_counter()
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    batch = pending.result() if pending is not None else step_rollout(prepared, rollout)
-    pending = None  # consumed: a checkpoint of the last step must not save it as in flight
+    batch = source.take()
     metrics["time/generate"] = time.perf_counter() - t0
-    if async_mode and step + 1 < total:
-        pending = next_rollout_async(prepared, rollout)  # step k+1 overlaps training on step k
     samples = batch.samples
     metrics.update(batch.metrics)
-    try:
-        if any(s.reward is None for s in samples):  # dynamic sampling scored them as they came
-            t0 = time.perf_counter()
-            asyncio.run(prepared.reward.score(samples))
-            metrics["time/reward"] = time.perf_counter() - t0
-        if samples:
-            metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
-        metrics.update(turns.to_trainer())
+    if any(s.reward is None for s in samples):  # dynamic sampling scored them as they came
         t0 = time.perf_counter()
-        train_metrics = _train(spec, trainer, samples) if samples else {"skipped_rollout": 1.0}
-        metrics["time/train"] = time.perf_counter() - t0
-        metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
-        checkpoint = None
-        done = step + 1
-        interval = spec.checkpoint.save_interval
-        if done == total or (interval and done % interval == 0):
-            t0 = time.perf_counter()
-            # Async mode: the next step's rollout is already in flight; its prompts have left the
-            # data source, so the generated samples are saved with the checkpoint (none is lost).
-            buffer = pending.result() if pending is not None else None
-            path = _checkpoint(prepared, trainer, done, rng, buffer)
-            metrics["time/save"] = time.perf_counter() - t0
-            if path is not None:
-                checkpoint = (done, str(path))
-                result.last_checkpoint = str(path)
-        push = not async_mode or done % spec.rollout.async_.update_weights_interval == 0
-        if push and pending is not None:
-            pending.result()  # never update weights in the middle of a generation
-        sync = functools.partial(transport.push, trainer, rollout, done) if push else dict
+        asyncio.run(prepared.reward.score(samples))
+        metrics["time/reward"] = time.perf_counter() - t0
+    if samples:
+        metrics.update(rollout_metrics(samples, metrics["time/generate"], spec.reward.reward_key))
+        # The trainer's weights have taken `step` updates: a token made by version v is step - v behind.
+        metrics.update(staleness_metrics(samples, step))
+        if spec.rollout.mask_off_policy_partial_tokens:
+            metrics["partial/tokens_masked"] = float(mask_off_policy_tokens(samples))
+    metrics.update(turns.to_trainer())
+    t0 = time.perf_counter()
+    train_metrics = _train(spec, trainer, samples) if samples else {"skipped_rollout": 1.0}
+    metrics["time/train"] = time.perf_counter() - t0
+    metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
+    checkpoint = None
+    done = step + 1
+    interval = spec.checkpoint.save_interval
+    if done == total or (interval and done % interval == 0):
+        t0 = time.perf_counter()
+        # Async mode: the next steps' rollouts are made or being made; their prompts have left the data
+        # source, so they are saved with the checkpoint (none is lost), the one in progress finished first.
+        with source.quiet() as buffers:
+            path = _checkpoint(prepared, trainer, done, rng, buffers)
+        metrics["time/save"] = time.perf_counter() - t0
+        if path is not None:
+            checkpoint = (done, str(path))
+            result.last_checkpoint = str(path)
+    push = not async_mode or done % spec.rollout.async_.update_weights_interval == 0
+    sync = functools.partial(transport.push, trainer, rollout, done) if push else dict
+    if push and async_mode and not spec.rollout.partial_rollout:
+        t0 = time.perf_counter()
+        with source.quiet():  # never update weights in the middle of a generation
+            metrics["time/wait_generation"] = time.perf_counter() - t0
+            metrics.update(turns.to_engines(sync))
+    else:  # sync mode: nothing in flight; partial rollout: the requests in flight are continued
         metrics.update(turns.to_engines(sync))
-    except BaseException:
-        _settle(pending)  # a restart (or the caller) must not find a generation still running
-        raise
     eval_rewards = None
     if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
-        if pending is not None:
-            pending.result()  # a dynamic-sampling round in flight would abort the eval requests
-        eval_rewards = evaluate(prepared, rollout)
+        with source.quiet():  # a dynamic-sampling round in flight would abort the eval requests
+            eval_rewards = evaluate(prepared, rollout)
         metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
     metrics["time/step"] = time.perf_counter() - t_step
     reporter.step(done, metrics, checkpoint=checkpoint, eval_rewards=eval_rewards)
@@ -434,14 +481,6 @@ def _step(
         options.on_step(result.history[-1])
     result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
     result.steps_done = done
-    return pending
-
-
-def _settle(pending: Future[StepRollout] | None) -> None:
-    """Wait for a rollout in flight and drop it (its prompts return with the checkpoint's data position)."""
-    if pending is not None:
-        with contextlib.suppress(Exception):
-            pending.result()
 
 
 def _lost_trainer_ranks(trainer: TrainerBackend, exc: Exception) -> list[int]:
@@ -464,11 +503,10 @@ def _restart_trainer(
     origin: tuple[dict[str, Any], Any],
     restarts: TrainerRestarts,
     failure: tuple[int, list[int], Exception],
-    pending: Future[StepRollout] | None,
-) -> tuple[int, Future[StepRollout] | None]:
+) -> tuple[int, list[StepRollout]]:
     """A new trainer group on the same placement, loaded from the run's latest checkpoint (or the
-    initial weights), its weights pushed to the engines; the step to go on from and its rollout in
-    flight. Raises RunError when faultTolerance.maxTrainerRestarts is used up."""
+    initial weights), its weights pushed to the engines; the step to go on from and the rollouts the
+    checkpoint saved. Raises RunError when faultTolerance.maxTrainerRestarts is used up."""
     step, lost, exc = failure
     checkpoint = result.last_checkpoint  # this run's latest save, or the checkpoint it resumed from
     resume_step = store.read_driver_state(Path(checkpoint))["step"] if checkpoint else 0
@@ -478,7 +516,6 @@ def _restart_trainer(
         raise RunError(str(exhausted)) from exc
     message = restarts.message(restart, checkpoint)
     log.warning("%s", message)
-    _settle(pending)
     crew.trainer.shutdown()
     crew.transport.trainer_replaced(crew.rollout)
     crew.turns.make_room()  # colocated: the engines free the GPU before the new trainer takes it
@@ -490,7 +527,8 @@ def _restart_trainer(
         data, rng_state = origin
         prepared.source.load_state_dict(data)
         rng.setstate(rng_state)
-        buffered = None
+        prepared.carried.load_state_dict([])
+        buffered = []
     crew.turns.to_engines(functools.partial(crew.transport.push, crew.trainer, crew.rollout, resume_step))
     # The steps after the checkpoint are done again: their first tries never reach the final model.
     result.history[:] = [h for h in result.history if h["step"] <= resume_step]
@@ -498,7 +536,7 @@ def _restart_trainer(
     result.steps_done = resume_step
     result.trainer_restarts.append(message)
     reporter.trainer_restarted(restart.number, message)
-    return resume_step, _ready(buffered)
+    return resume_step, buffered
 
 
 def _train(spec: RLTrainingJobSpec, trainer: TrainerBackend, samples: list[Sample]) -> dict[str, float]:
@@ -567,12 +605,12 @@ def evaluate(prepared: Prepared, rollout: Rollout) -> dict[str, float]:
 
 
 def _checkpoint(
-    prepared: Prepared, trainer: TrainerBackend, step: int, rng: random.Random, buffer: StepRollout | None
+    prepared: Prepared, trainer: TrainerBackend, step: int, rng: random.Random, buffers: list[StepRollout]
 ) -> Path | None:
     """Save step ``step``. A failed write (disk full, quota, I/O error) leaves the previous checkpoint
     as the latest and training goes on, except for the last step's save, which the run needs."""
     try:
-        return _save(prepared, trainer, Path(prepared.spec.checkpoint.path), step, rng, buffer)
+        return _save(prepared, trainer, Path(prepared.spec.checkpoint.path), step, rng, buffers)
     except CheckpointWriteError as err:
         if step == prepared.spec.training.num_rollout:
             raise
@@ -587,7 +625,7 @@ def _save(
     root: Path,
     step: int,
     rng: random.Random,
-    buffer: StepRollout | None,
+    buffers: list[StepRollout],
 ) -> Path:
     """Written into a staging directory that becomes iter_<step> only once complete (store.save)."""
 
@@ -600,9 +638,11 @@ def _save(
                 "data": prepared.source.state_dict(),
                 "rng": list(rng.getstate()[1]),
                 "rng_version": rng.getstate()[0],
-                "rollout_buffer": [sample.to_dict() for sample in buffer.samples] if buffer else [],
-                "rollout_buffer_metrics": buffer.metrics if buffer else {},
-                "rollout_buffered": buffer is not None,
+                # async mode's rollouts made ahead of the trainer, oldest first
+                "rollout_buffers": [
+                    {"samples": [s.to_dict() for s in b.samples], "metrics": b.metrics} for b in buffers
+                ],
+                "partial_groups": prepared.carried.state_dict(),  # partial rollout's carried groups
             },
         )
 
@@ -636,15 +676,27 @@ def _load_checkpoint(prepared: Prepared, options: RunOptions, trainer: TrainerBa
 
 def _restore_driver_state(
     prepared: Prepared, rng: random.Random, resumed: Resumed | None
-) -> tuple[int, StepRollout | None]:
-    """The data-source position, the RNG and the in-flight rollout saved with the checkpoint."""
+) -> tuple[int, list[StepRollout]]:
+    """The data-source position, the RNG, the rollouts made ahead and the carried groups saved with
+    the checkpoint."""
     if resumed is None:
-        return 0, None
+        return 0, []
     state = store.read_driver_state(resumed.directory)
     prepared.source.load_state_dict(state["data"])
     rng.setstate((state["rng_version"], tuple(state["rng"]), None))
+    prepared.carried.load_state_dict(state.get("partial_groups", []))
+    return resumed.step, _saved_rollouts(state)
+
+
+def _saved_rollouts(state: dict[str, Any]) -> list[StepRollout]:
+    if "rollout_buffers" in state:
+        return [
+            StepRollout([Sample.from_dict(d) for d in b["samples"]], dict(b.get("metrics", {})))
+            for b in state["rollout_buffers"]
+        ]
+    # Checkpoints before bufferSize > 1: at most one rollout in flight (possibly empty: dynamic
+    # sampling that kept no whole global batch).
     samples = [Sample.from_dict(d) for d in state.get("rollout_buffer", [])]
-    # A buffered rollout may be empty (dynamic sampling that kept no whole global batch).
-    buffered = state.get("rollout_buffered", bool(samples))
-    buffer = StepRollout(samples, dict(state.get("rollout_buffer_metrics", {}))) if buffered else None
-    return resumed.step, buffer
+    if not state.get("rollout_buffered", bool(samples)):
+        return []
+    return [StepRollout(samples, dict(state.get("rollout_buffer_metrics", {})))]

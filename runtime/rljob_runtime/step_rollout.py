@@ -1,24 +1,24 @@
 """One step's rollout: plain (rollout.batchSize prompts x nSamplesPerPrompt) or DAPO dynamic
-sampling (rounds of over-sampled prompts whose zero-variance groups are dropped), now or in flight
-while the previous step trains (async mode)."""
+sampling (rounds of over-sampled prompts whose groups the filter drops: zero reward variance, or
+rollout.customFilter), with partial rollout's carried groups continued first; made now, or ahead of
+the trainer on a thread of its own (async mode: ``rollouts_ahead``)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .algo.batching import trainable_groups
 from .algo.dynamic_sampling import DynamicSampler
-from .data.rewards.base import scalar_reward
+from .carried import unfinished
 from .data.sample import Sample
 
 if TYPE_CHECKING:
-    from .data.rewards.base import RewardFunction
+    from .algo.group_filter import Verdict
     from .driver import Prepared
     from .rollout.base import Rollout
 
@@ -46,48 +46,16 @@ def step_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
     return StepRollout(rollout.generate(next_samples(prepared)))
 
 
-def next_rollout_async(prepared: Prepared, rollout: Rollout) -> Future[StepRollout]:
-    """The next step's rollout, in flight while this step trains."""
-    if prepared.spec.algorithm.dynamic_sampling.enabled:
-        # Rounds, scoring and the abort are driven from a thread of their own.
-        return _in_background(dynamic_rollout, prepared, rollout)
-    return _then(rollout.generate_async(next_samples(prepared)), StepRollout)
-
-
-def _in_background(fn: Callable[..., StepRollout], *args: Any) -> Future[StepRollout]:
-    """Run ``fn`` in a daemon thread (one stuck on a stopped rollout manager cannot hold up exit)."""
-    future: Future[StepRollout] = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=work, name="rljob-next-rollout", daemon=True).start()
-    return future
-
-
-def _then(future: Future[list[Sample]], fn: Callable[[list[Sample]], StepRollout]) -> Future[StepRollout]:
-    out: Future[StepRollout] = Future()
-
-    def done(f: Future[list[Sample]]) -> None:
-        try:
-            out.set_result(fn(f.result()))
-        except BaseException as exc:
-            out.set_exception(exc)
-
-    future.add_done_callback(done)
-    return out
-
-
 @dataclass
 class _SamplingCounters:
     """One step's dynamic-sampling counters beyond the sampler's own."""
 
     submitted: int = 0  # groups submitted so far: a group's number is its submission order
     abandoned: int = 0  # groups that came back after the target was reached (aborted or not): dropped
+    continued_groups: int = 0  # carried groups from the last step (partial rollout) submitted again
+    continued_samples: int = 0  # their samples that still needed generation
     reward_s: float = 0.0
+    carry: list[list[Sample]] = field(default_factory=list)  # partial rollout: for the next step
 
 
 def dynamic_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
@@ -102,14 +70,25 @@ def dynamic_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
         spec.algorithm.dynamic_sampling, spec.rollout.batch_size
     )
     counters = _SamplingCounters()
+    partial = spec.rollout.partial_rollout
     t0 = time.perf_counter()
     while count := sampler.start_round():
         futures: dict[Future[list[Sample]], int] = {}
-        for prompt in prepared.source.next_batch(count):
+        # Partial rollout: the groups aborted when the last step had its batch go first, continued.
+        for group in prepared.carried.take(count) if partial else []:
+            for offset, sample in enumerate(group):
+                sample.index = counters.submitted * n + offset
+            counters.continued_groups += 1
+            counters.continued_samples += len(unfinished(group))
+            futures[_continue_group(rollout, group)] = counters.submitted
+            counters.submitted += 1
+        for prompt in prepared.source.next_batch(count - len(futures)):
             group = prompt.to_samples(n, first_index=counters.submitted * n)  # unique while scored
             futures[rollout.generate_async(group)] = counters.submitted
             counters.submitted += 1
         _collect_round(prepared, rollout, sampler, futures, counters)
+    if partial:
+        prepared.carried.put(counters.carry)
     kept = [group for _, group in sorted(sampler.kept_groups, key=lambda item: item[0])]
     trained = trainable_groups(len(kept), n, gbs)
     metrics = sampler.metrics()
@@ -117,6 +96,18 @@ def dynamic_rollout(prepared: Prepared, rollout: Rollout) -> StepRollout:
         {
             "dynamic_sampling/groups_abandoned": float(counters.abandoned),
             "dynamic_sampling/groups_trained": float(trained),
+            **(
+                {
+                    "partial/groups_carried": float(len(counters.carry)),
+                    "partial/groups_continued": float(counters.continued_groups),
+                    "partial/samples_continued": float(counters.continued_samples),
+                    "partial/tokens_carried": float(
+                        sum(len(s.response_ids) for g in counters.carry for s in g)
+                    ),
+                }
+                if partial
+                else {}
+            ),
             "time/reward": counters.reward_s,
             "time/dynamic_sampling": time.perf_counter() - t0,
         }
@@ -131,27 +122,60 @@ def _collect_round(
     futures: dict[Future[list[Sample]], int],
     counters: _SamplingCounters,
 ) -> None:
-    """Wait for a round's groups, scoring and offering each batch of completed ones to the sampler;
-    abort the rest once enough are kept (they still come back, and are dropped)."""
-    key = prepared.spec.reward.reward_key
+    """Wait for a round's groups, scoring, filtering and offering each batch of completed ones to the
+    sampler; abort the rest once enough are kept. They still come back: dropped, or with partial
+    rollout carried to the next step with what they generated."""
     pending = set(futures)
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
         groups = sorted(((futures[f], f.result()) for f in done), key=lambda item: item[0])
         if sampler.enough:
-            counters.abandoned += len(groups)
+            _surplus(prepared, counters, [group for _, group in groups])
             continue
         t0 = time.perf_counter()
-        asyncio.run(_score_groups(prepared.reward, [group for _, group in groups]))
+        verdicts = asyncio.run(_score_and_filter(prepared, [group for _, group in groups]))
         counters.reward_s += time.perf_counter() - t0
-        for order, group in groups:
-            sampler.add_group((order, group), [scalar_reward(s, key) for s in group])
+        for at, ((order, group), verdict) in enumerate(zip(groups, verdicts, strict=True)):
+            if sampler.enough:  # the target was reached within this batch: the rest is surplus
+                _surplus(prepared, counters, [g for _, g in groups[at:]])
+                break
+            sampler.offer((order, group), keep=verdict.keep, reason=verdict.reason)
         if sampler.enough and pending:
             rollout.abort()
 
 
-async def _score_groups(reward: RewardFunction, groups: list[list[Sample]]) -> None:
-    await asyncio.gather(*(reward.score(group) for group in groups))
+def _surplus(prepared: Prepared, counters: _SamplingCounters, groups: list[list[Sample]]) -> None:
+    """Groups back after the target was reached: dropped, or carried to the next step (partial rollout)."""
+    if prepared.spec.rollout.partial_rollout:
+        counters.carry.extend(groups)
+    else:
+        counters.abandoned += len(groups)
+
+
+async def _score_and_filter(prepared: Prepared, groups: list[list[Sample]]) -> list[Verdict]:
+    await asyncio.gather(*(prepared.reward.score(group) for group in groups))
+    return list(await asyncio.gather(*(prepared.group_filter(group) for group in groups)))
+
+
+def _continue_group(rollout: Rollout, group: list[Sample]) -> Future[list[Sample]]:
+    """A carried group back in flight: only its unfinished samples are generated (continued from
+    their tokens); the future answers the whole group."""
+    todo = unfinished(group)
+    if not todo:
+        done: Future[list[Sample]] = Future()
+        done.set_result(group)
+        return done
+    out: Future[list[Sample]] = Future()
+
+    def finished(f: Future[list[Sample]]) -> None:
+        try:
+            f.result()  # samples are filled in place
+            out.set_result(group)
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    rollout.generate_async(todo).add_done_callback(finished)
+    return out
 
 
 def flatten_groups(groups: Sequence[Sequence[Sample]]) -> list[Sample]:

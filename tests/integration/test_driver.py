@@ -73,7 +73,7 @@ def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: P
     assert first.batches + rest.batches == full.batches
 
 
-def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(
+def test_disaggregated_async_loop_with_two_rollouts_ahead_resumes_with_both(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One node would pick the shared-memory file transport; exercise the HTTP tensor one here.
@@ -84,14 +84,18 @@ def test_disaggregated_async_loop_resumes_with_the_in_flight_rollout(
     def spec(ckpt: Path) -> Any:
         s = spec_for(model_dir, ckpt, colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
         s.rollout.async_.enabled = True
+        s.rollout.async_.buffer_size = 2
         return s
 
     full = run(prepare(spec(tmp_path / "full")), RunOptions())
     assert full.steps_done == 3 and all(m["time/sync"] > 0 for m in full.history)
+    # Step 1 trains on weights 0's rollout; step 2's was made while step 1 trained (before its push).
+    staleness = [m["rollout/staleness_max"] for m in full.history]
+    assert staleness[:2] == [0.0, 1.0] and max(staleness) <= 2.0
     first = run(prepare(spec(tmp_path / "resumed")), RunOptions(stop_after=1))
-    # The checkpoint holds step 2's rollout, generated while step 1 trained.
+    # The checkpoint holds the rollouts of steps 2 and 3, made while step 1 trained.
     state = store.read_driver_state(store.iteration_dir(tmp_path / "resumed", 1))
-    assert len(state["rollout_buffer"]) == 8
+    assert [len(b["samples"]) for b in state["rollout_buffers"]] == [8, 8]
     rest = run(prepare(spec(tmp_path / "resumed")), RunOptions())
     assert first.batches + rest.batches == full.batches
 
@@ -124,7 +128,8 @@ def test_async_dynamic_sampling_trains_on_groups_with_signal_and_resumes(
 
     first = run(prepared(), RunOptions(stop_after=1))
     state = store.read_driver_state(store.iteration_dir(tmp_path / "ckpt", 1))
-    buffered = [Sample.from_dict(d) for d in state["rollout_buffer"]]  # step 2, kept while step 1 trained
+    # step 2's rollout, made while step 1 trained
+    buffered = [Sample.from_dict(d) for d in state["rollout_buffers"][0]["samples"]]
     rest = run(prepared(), RunOptions())
     assert rest.steps_done == 2
     history = first.history + rest.history
@@ -262,17 +267,55 @@ def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path
     valid = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
     # The API refuses these at admission; a spec built in code (model_copy skips validation) still
     # meets the runtime's own refusal.
-    rollout = valid.rollout.model_copy(
+    training = valid.training.model_copy(
         update={
-            "async_": valid.rollout.async_.model_copy(update={"enabled": True, "buffer_size": 3}),
-            "partial_rollout": True,
+            "dynamic_batch": valid.training.dynamic_batch.model_copy(update={"enabled": True}),
+            "megatron_args": {"x": "1"},
         }
     )
-    with pytest.raises(RunError, match=r"rollout\.partialRollout; .*rollout\.async\.bufferSize > 1"):
-        prepare(valid.model_copy(update={"rollout": rollout}))
+    with pytest.raises(RunError, match=r"training\.dynamicBatch .*; .*training\.megatronArgs"):
+        prepare(valid.model_copy(update={"training": training}))
     spec = valid
     spec.rollout.async_.enabled = True
     spec.algorithm.dynamic_sampling.enabled = True
     spec.rollout.n_samples_per_prompt = 1
     with pytest.raises(RunError, match=r"dynamicSampling needs rollout\.nSamplesPerPrompt >= 2"):
         prepare(spec)
+
+
+def test_partial_rollout_continues_aborted_groups_and_resumes_with_them(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Real hf engines decoding 2 requests at a time: over-sampled groups still queued or decoding
+    when a step has its 2 groups are aborted, carried (with the tokens they had), continued first in
+    the next step under the new weights, and kept across a stop and resume."""
+
+    def spec() -> Any:
+        s = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
+        s.rollout.batch_size, s.rollout.max_response_len = 2, 64
+        s.training.global_batch_size, s.training.num_rollout = 4, 3
+        s.rollout.sglang_args = {"max-running-requests": "2"}
+        s.algorithm.dynamic_sampling.enabled = True
+        s.algorithm.dynamic_sampling.over_sampling_batch_size = 8
+        s.rollout.custom_filter = "group_filters:keep_all"  # over-sampling only: every group passes
+        s.rollout.partial_rollout = True
+        s.rollout.mask_off_policy_partial_tokens = True
+        return s
+
+    first = run(prepare(spec()), RunOptions(stop_after=2))
+    state = store.read_driver_state(store.iteration_dir(tmp_path / "ckpt", 2))
+    saved = [[Sample.from_dict(d) for d in group] for group in state["partial_groups"]]
+    rest = run(prepare(spec()), RunOptions())
+    history = first.history + rest.history
+    assert rest.steps_done == 3 and len(history) == 3
+    assert all(m["partial/groups_carried"] > 0 for m in history)  # 2 of 8 groups were needed
+    assert history[0]["partial/groups_continued"] == 0
+    assert history[1]["partial/groups_continued"] == history[0]["partial/groups_carried"]
+    assert sum(m["partial/tokens_carried"] for m in history) > 0  # some were cut mid-response
+    assert saved and len(saved) == history[1]["partial/groups_carried"]
+    assert rest.history[0]["partial/groups_continued"] == len(saved)  # the resumed run took them first
+    for metrics in history:
+        assert metrics["dynamic_sampling/groups_trained"] == 2
+        # a continued response mixes the version that started it and the one that finished it
+        assert (metrics["partial/tokens_masked"] > 0) == (metrics["rollout/mixed_version_samples"] > 0)
+    assert sum(m["rollout/mixed_version_samples"] for m in history[1:]) > 0

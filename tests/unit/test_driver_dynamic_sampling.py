@@ -168,3 +168,54 @@ def test_flatten_groups_renumbers_in_order() -> None:
     ]
     flat = flatten_groups(groups)
     assert [(s.group_index, s.index) for s in flat] == [(9, 0), (9, 1), (2, 2)]
+
+
+def partial_prepared(reward: Any, **kwargs: Any) -> Prepared:
+    prepared = make_prepared(reward, **kwargs)
+    prepared.spec.rollout.partial_rollout = True
+    return prepared
+
+
+def test_partial_rollout_carries_the_surplus_and_continues_it_first() -> None:
+    rollout = FakeRollout(limit=6)  # step 1: rows 0-5 finish, 6-11 wait until aborted
+    prepared = partial_prepared(RuleReward(lambda row: True), over=12)
+    try:
+        first = dynamic_rollout(prepared, rollout)
+        assert [s.group_index for s in first.samples[::2]] == [0, 1, 2, 3]
+        assert first.metrics["partial/groups_carried"] == 8  # rows 4, 5 (finished) and 6-11 (aborted)
+        assert first.metrics["dynamic_sampling/groups_abandoned"] == 0
+        assert len(prepared.carried) == 8 and prepared.source.offset == 12
+        with rollout.lock:
+            rollout.limit = None
+            rollout.lock.notify()
+        second = dynamic_rollout(prepared, rollout)
+    finally:
+        rollout.close()
+    # the carried groups go first: rows 4 and 5 need no generation, 6 and 7 are the next to finish
+    assert [s.group_index for s in second.samples[::2]] == [4, 5, 6, 7]
+    assert all(s.status == Status.COMPLETED and s.reward is not None for s in second.samples)
+    m = second.metrics
+    assert m["partial/groups_continued"] == 8 and m["partial/samples_continued"] == 12
+    assert prepared.source.offset == 16  # 12 carried + new rows 12-15 fill the round of 12
+    assert m["partial/groups_carried"] == len(prepared.carried)
+
+
+def test_without_partial_rollout_nothing_is_carried() -> None:
+    rollout = FakeRollout(limit=6)
+    prepared = make_prepared(RuleReward(lambda row: True), over=12)
+    try:
+        out = dynamic_rollout(prepared, rollout)
+    finally:
+        rollout.close()
+    assert len(prepared.carried) == 0 and "partial/groups_carried" not in out.metrics
+
+
+def test_a_custom_filter_replaces_the_zero_variance_default(rollout: FakeRollout) -> None:
+    from rljob_runtime.algo.group_filter import GroupFilter
+
+    prepared = make_prepared(RuleReward(lambda row: False))  # no group has reward variance
+    prepared.group_filter = GroupFilter(lambda group: (group[0].group_index % 3 != 0, "every third row"))
+    out = dynamic_rollout(prepared, rollout)
+    assert [s.group_index for s in out.samples[::2]] == [1, 2, 4, 5]
+    assert out.metrics["dynamic_sampling/dropped/every_third_row"] == 2  # rows 0 and 3
+    assert "dynamic_sampling/dropped/zero_variance" not in out.metrics

@@ -7,16 +7,18 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from rljob_api.spec_rollout import RolloutSpec
-from rljob_runtime.data.sample import Sample, Status
+from rljob_runtime.data.sample import Sample, Status, stale_token_mask
 from rljob_runtime.rollout import protocol
 from rljob_runtime.rollout.generate import (
     GenerationError,
     RetryPolicy,
     apply_response,
+    generate_one,
     generate_samples,
     request_body,
     sampling_params_from_spec,
@@ -88,13 +90,101 @@ def test_apply_response_aligns_ids_and_logprobs() -> None:
     assert sample.rollout_logprobs == pytest.approx([-0.1, -0.2, -0.3])
     assert sample.response == "<10><11><12>"
     assert sample.status is Status.COMPLETED and sample.weight_versions == ["7"]
-    assert sample.metadata == {"keep": 1, "finish_reason": "stop"}
+    assert sample.token_versions == [7, 7, 7]
+    assert sample.metadata == {"keep": 1, "finish_reason": "stop", "rollout_segments": 1}
     assert sample.tokens == [1, 2, 10, 11, 12]
     # without logprobs: output_ids, no logprobs; a bare-string finish reason (older SGLang)
     bare = {"text": "x", "output_ids": [4], "meta_info": {"finish_reason": "length"}}
     apply_response(sample, bare)
     assert sample.response_ids == [4] and sample.rollout_logprobs is None
     assert sample.status is Status.TRUNCATED and sample.weight_versions == []
+    assert sample.token_versions == []
+    # a label that is not ours: kept as a label, no per-token versions
+    apply_response(sample, answer([1, 2], "stop", "custom-v2"))
+    assert sample.weight_versions == ["custom-v2"] and sample.token_versions == []
+
+
+def _partial(ids: list[int], status: Status = Status.ABORTED, version: int = 0) -> Sample:
+    return Sample(
+        index=2,
+        prompt_ids=[5, 6],
+        response="".join(f"<{t}>" for t in ids),
+        response_ids=list(ids),
+        response_length=len(ids),
+        status=status,
+        rollout_logprobs=[-1.0] * len(ids),
+        weight_versions=["default" if version == 0 else str(version)] if ids else [],
+        token_versions=[version] * len(ids),
+        metadata={"rollout_segments": 1},
+    )
+
+
+def test_request_body_continues_a_partial_response_within_the_budget() -> None:
+    params = protocol.sampling_params(max_new_tokens=5, temperature=0.0)
+    shared = dict(params)
+    body = request_body(_partial([10, 11]), params)
+    assert body["input_ids"] == [5, 6, 10, 11] and body["sampling_params"]["max_new_tokens"] == 3
+    assert {k: v for k, v in body["sampling_params"].items() if k != "max_new_tokens"} == {
+        k: v for k, v in params.items() if k != "max_new_tokens"
+    }
+    assert params == shared  # the rollout's shared params are not changed
+    assert request_body(_partial([10, 11], Status.PENDING), params)["input_ids"] == [5, 6, 10, 11]
+    # nothing left: 0 (generate_one then sends nothing)
+    assert request_body(_partial([1] * 7), params)["sampling_params"]["max_new_tokens"] == 0
+    # finished responses and aborts without tokens start from the prompt
+    for sample in (_partial([10, 11], Status.COMPLETED), _partial([10], Status.TRUNCATED), _partial([])):
+        assert request_body(sample, params) == request_body(Sample(index=2, prompt_ids=[5, 6]), params)
+    # no budget in the params: none to reduce
+    unbounded = {k: v for k, v in params.items() if k != "max_new_tokens"}
+    assert "max_new_tokens" not in request_body(_partial([10]), unbounded)["sampling_params"]
+
+
+def test_apply_response_appends_a_continued_segment() -> None:
+    sample = _partial([10, 11])
+    sample.metadata["keep"] = 1
+    apply_response(sample, answer([12, 13, 14], "stop", "4"))
+    assert sample.response_ids == [10, 11, 12, 13, 14] and sample.response_length == 5
+    assert sample.rollout_logprobs == pytest.approx([-1.0, -1.0, -0.1, -0.2, -0.3])
+    assert sample.response == "<10><11><12><13><14>"
+    assert sample.token_versions == [0, 0, 4, 4, 4] and sample.weight_versions == ["default", "4"]
+    assert sample.status is Status.COMPLETED and sample.loss_mask is None
+    assert sample.metadata == {"keep": 1, "finish_reason": "stop", "rollout_segments": 2}
+    assert stale_token_mask(sample) == [0, 0, 1, 1, 1]
+    # a finished sample is not continued: the next answer replaces it
+    apply_response(sample, answer([20], "length", "4"))
+    assert sample.response_ids == [20] and sample.token_versions == [4]
+    assert sample.metadata["rollout_segments"] == 1
+
+
+def test_a_continued_segment_aborted_again_stays_resumable() -> None:
+    sample = _partial([10])
+    apply_response(sample, answer([11], "abort", "1"))
+    apply_response(sample, answer([], "abort", "2"))  # aborted before it ran: adds nothing
+    assert sample.resumable and sample.response_ids == [10, 11] and sample.status is Status.ABORTED
+    assert sample.token_versions == [0, 1] and sample.weight_versions == ["default", "1"]
+    assert sample.metadata["rollout_segments"] == 3
+
+
+def test_appending_what_cannot_be_aligned_drops_it() -> None:
+    # no logprobs on either side: none for the whole response
+    sample = _partial([10])
+    sample.rollout_logprobs = None
+    apply_response(sample, answer([11], "stop"))
+    assert sample.rollout_logprobs is None and sample.response_ids == [10, 11]
+    sample = _partial([10])
+    apply_response(sample, {"text": "", "output_ids": [11], "meta_info": {"finish_reason": "length"}})
+    assert sample.rollout_logprobs is None and sample.response_ids == [10, 11]
+    # an unknown version on either side: no per-token versions
+    assert sample.token_versions == [] and sample.weight_versions == ["default"]
+    sample = _partial([10])
+    sample.token_versions = []
+    apply_response(sample, answer([11], "stop", "3"))
+    assert sample.token_versions == [] and sample.weight_versions == ["default", "3"]
+    # an explicit loss mask grows with the response
+    sample = _partial([10])
+    sample.loss_mask = [0]
+    apply_response(sample, answer([11, 12], "stop", "3"))
+    assert sample.loss_mask == [0, 1, 1] and stale_token_mask(sample) == [0, 1, 1]
 
 
 def test_retry_policy_delays_and_validation() -> None:
@@ -230,6 +320,76 @@ def test_aborts_are_final_when_the_caller_cancels_and_bounded_otherwise() -> Non
         asyncio.run(
             _with_server(script, lambda url: generate_samples(url, _samples(1), PARAMS, retry=bounded))
         )
+
+
+def test_continue_aborted_keeps_the_partial_output_and_continues_it() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        bodies.append(body)
+        if call <= 2:
+            return web.json_response(answer([7 + call], "abort", "default" if call == 1 else "1"))
+        return web.json_response(answer([20], "length", "2"))
+
+    samples = _samples(1)
+    asyncio.run(
+        _with_server(
+            script,
+            lambda url: generate_samples(url, samples, PARAMS, retry=FAST, continue_aborted=True),
+        )
+    )
+    (sample,) = samples
+    assert [b["input_ids"] for b in bodies] == [[1, 2], [1, 2, 8], [1, 2, 8, 9]]
+    assert [b["sampling_params"]["max_new_tokens"] for b in bodies] == [3, 2, 1]
+    assert sample.response_ids == [8, 9, 20] and sample.status is Status.TRUNCATED
+    assert sample.token_versions == [0, 1, 2] and sample.weight_versions == ["default", "1", "2"]
+    assert sample.metadata["rollout_segments"] == 3 and sample.metadata["rollout_tries"] == 3
+    assert PARAMS["max_new_tokens"] == 3
+
+
+def _always_abort(call: int, body: dict[str, Any]) -> web.StreamResponse:
+    return web.json_response(answer([call], "abort"))
+
+
+def test_continued_aborts_are_bounded() -> None:
+    bounded = RetryPolicy(max_attempts=2, max_abort_retries=1)
+    params = protocol.sampling_params(max_new_tokens=9)
+    with pytest.raises(GenerationError, match="sample 0: aborted 2 times"):
+        asyncio.run(
+            _with_server(
+                _always_abort,
+                lambda url: generate_samples(url, _samples(1), params, retry=bounded, continue_aborted=True),
+            )
+        )
+
+
+@pytest.mark.parametrize("continue_aborted", [False, True])
+def test_an_abort_while_cancelling_is_final_and_keeps_the_partial_output(continue_aborted: bool) -> None:
+    samples = _samples(1)
+
+    async def cancelling(url: str) -> list[Sample]:
+        return await generate_samples(
+            url, samples, PARAMS, retry=FAST, cancelled=lambda: True, continue_aborted=continue_aborted
+        )
+
+    _, calls = asyncio.run(_with_server(_always_abort, cancelling))
+    assert calls == 1 and samples[0].status is Status.ABORTED and samples[0].response_ids == [1]
+    assert samples[0].rollout_logprobs == [-0.1] and samples[0].resumable
+
+
+def test_a_partial_response_that_used_the_budget_ends_truncated_without_a_request() -> None:
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        raise AssertionError("no request expected")
+
+    sample = Sample(index=0, prompt_ids=[1], response_ids=[4, 5, 6], response_length=3, status=Status.ABORTED)
+
+    async def run(url: str) -> Sample:
+        async with aiohttp.ClientSession() as http:
+            return await generate_one(http, url, sample, PARAMS, retry=FAST)
+
+    _, calls = asyncio.run(_with_server(script, run))
+    assert calls == 0 and sample.status is Status.TRUNCATED and sample.response_ids == [4, 5, 6]
+    assert sample.metadata["finish_reason"] == "length" and sample.metadata["rollout_tries"] == 0
 
 
 def test_concurrency_is_bounded() -> None:

@@ -26,6 +26,18 @@ def test_hf_engine_command_parses_with_the_hf_server_parser() -> None:
     args = build_parser().parse_args(cmd[3:])
     assert (args.model_path, args.host, args.port, args.seed, args.threads) == ("/m", "10.0.0.1", 31000, 3, 1)
     assert (args.dtype, args.device) == ("float32", "cpu")
+    assert args.max_batch_size == 64  # the server's default
+
+
+def test_hf_engine_takes_sglangs_max_running_requests_as_its_batch_size() -> None:
+    cmd = engine_command(
+        "hf",
+        model_path="/m",
+        host="h",
+        port=1,
+        sglang_args={"max-running-requests": "2", "mem-fraction-static": "0.5"},
+    )
+    assert build_parser().parse_args(cmd[3:]).max_batch_size == 2
 
 
 def test_sglang_engine_command_uses_launch_flags_and_extra_args() -> None:

@@ -73,9 +73,12 @@ def test_prepare_refuses_with_the_api_servers_message(case: Any) -> None:
 
 
 def test_unsupported_names_every_limit_a_spec_breaks() -> None:
-    doc = patched({"rollout": {"partialRollout": True}, "training": {"megatronArgs": {"x": "1"}}})
+    doc = patched({"training": {"megatronArgs": {"x": "1"}, "dynamicBatch": {"enabled": True}}})
     refused = support.unsupported(spec_skipping_root_rules(doc))
-    assert [p.split(":")[0] for p in refused] == ["spec.rollout.partialRollout", "spec.training.megatronArgs"]
+    assert [p.split(":")[0] for p in refused] == [
+        "spec.training.dynamicBatch.enabled",
+        "spec.training.megatronArgs",
+    ]
 
 
 def test_the_matrix_says_what_the_cpu_and_cuda_runs_need() -> None:

@@ -30,6 +30,7 @@ class DynamicSampler(Generic[G]):
     rounds: int = 0
     seen: int = 0
     dropped: int = 0
+    dropped_by: dict[str, int] = field(default_factory=dict)  # reason -> groups dropped for it
     kept_groups: list[G] = field(default_factory=list)
 
     @classmethod
@@ -70,12 +71,19 @@ class DynamicSampler(Generic[G]):
         return n
 
     def add_group(self, group: G, rewards: Sequence[float]) -> bool:
-        """Offer a finished group; returns whether it was kept. Groups beyond the target are not kept."""
+        """Offer a finished group under the zero-variance filter; returns whether it was kept."""
+        signal = has_signal(rewards)
+        return self.offer(group, keep=signal, reason="" if signal else "zero_variance")
+
+    def offer(self, group: G, *, keep: bool, reason: str = "") -> bool:
+        """Offer a finished group with a filter's verdict (ignored when dynamic sampling is off);
+        returns whether it was kept. Groups beyond the target are not kept."""
         self.seen += 1
         if self.enough:
             return False
-        if self.enabled and not has_signal(rewards):
+        if self.enabled and not keep:
             self.dropped += 1
+            self.dropped_by[reason or "custom"] = self.dropped_by.get(reason or "custom", 0) + 1
             return False
         self.kept_groups.append(group)
         return True
@@ -87,6 +95,7 @@ class DynamicSampler(Generic[G]):
             "dynamic_sampling/groups_dropped": float(self.dropped),
             "dynamic_sampling/groups_kept": float(len(self.kept_groups)),
             "dynamic_sampling/keep_rate": len(self.kept_groups) / self.seen if self.seen else 0.0,
+            **{f"dynamic_sampling/dropped/{why}": float(n) for why, n in sorted(self.dropped_by.items())},
         }
 
 

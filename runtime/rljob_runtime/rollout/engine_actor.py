@@ -65,6 +65,10 @@ def engine_command(
         cmd += ["--seed", str(seed)]
         if threads:
             cmd += ["--threads", str(threads)]
+        # SGLang's cap on requests decoded together is the hf server's batch size.
+        for key in ("max-running-requests", "max_running_requests"):
+            if (sglang_args or {}).get(key):
+                cmd += ["--max-batch-size", str((sglang_args or {})[key])]
         return cmd
     # rollout.sglangArgs: an empty value means a bare flag
     extra: dict[str, Any] = {

@@ -1,15 +1,24 @@
 """Generate responses for a batch of Samples through the router, losing none of them.
 
-Each sample becomes one ``/generate`` request (token ids in, logprobs out). What is retried:
+Each sample becomes one ``/generate`` request (token ids in, logprobs out). A resumable sample (a
+partial response kept from an abort, ``Sample.resumable``) is continued: the request's input is the
+prompt plus the partial response, its ``max_new_tokens`` what is left of the budget, and the answer
+is appended as one more segment (``Sample.token_versions`` records which weight version made each
+token). A partial response that already used the whole budget ends truncated without a request.
+
+What is retried:
 
 - errors: a connection error, a timeout, HTTP 5xx / 408 / 429 (an engine died mid-request, the
   router had no live worker for a moment): up to ``RetryPolicy.max_attempts`` tries in all, waiting
   ``RetryPolicy.delay(n)`` between them; then ``GenerationError``.
 - aborts: a response with ``finish_reason.type == "abort"`` while the caller is not cancelling (a
-  weight update paused the engines with mode ``abort``): resent from scratch (its partial output is
-  dropped, so every token of a sample comes from one weight version) up to
-  ``RetryPolicy.max_abort_retries`` times, without waiting (a paused engine holds the new request
-  until it continues). When the caller cancels (``cancel`` set), an abort is final: status aborted.
+  weight update paused the engines with mode ``abort``), up to ``RetryPolicy.max_abort_retries``
+  times, without waiting (a paused engine holds the new request until it continues). By default the
+  request is resent as it was: the partial output is dropped, so every token of a segment comes from
+  one weight version. With ``continue_aborted`` the partial output is kept and the next request
+  continues it (partial rollout: a response may then span weight versions). When the caller cancels
+  (``cancel`` set), an abort is final: status aborted, with the tokens generated so far kept on the
+  sample (a later rollout may continue it).
 
 Other HTTP 4xx answers are bugs in the request and fail at once.
 
@@ -28,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from ..data.sample import Sample, Status
+from ..data.sample import Sample, Status, version_number
 from . import protocol
 
 if TYPE_CHECKING:
@@ -80,11 +89,29 @@ def sampling_params_from_spec(rollout: RolloutSpec, **overrides: Any) -> dict[st
     return protocol.sampling_params(**params)
 
 
+def tokens_left(sample: Sample, params: dict[str, Any]) -> int | None:
+    """Response tokens ``sample`` may still generate under ``params``' ``max_new_tokens`` (the whole
+    response's budget, partial output included); None when the params set no budget."""
+    budget = params.get("max_new_tokens")
+    if budget is None:
+        return None
+    return int(budget) - (len(sample.response_ids) if sample.resumable else 0)
+
+
 def request_body(sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
-    """The ``/generate`` body for one sample: its prompt token ids, logprobs requested."""
+    """The ``/generate`` body for one sample: its prompt token ids, logprobs requested.
+
+    A resumable sample continues from prompt + partial response with ``max_new_tokens`` reduced by
+    the tokens it holds (never below 0; ``generate_one`` sends nothing then). ``params`` is not changed.
+    """
     if not sample.prompt_ids:
         raise ValueError(f"sample {sample.index}: prompt_ids is empty (tokenize prompts before rollout)")
-    return protocol.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
+    if not sample.resumable:
+        return protocol.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
+    left = tokens_left(sample, params)
+    if left is not None:
+        params = {**params, "max_new_tokens": max(0, left)}
+    return protocol.generate_body(input_ids=sample.tokens, params=params, return_logprob=True)
 
 
 def finish_type(response: dict[str, Any]) -> str | None:
@@ -106,21 +133,54 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
 
     Token ids come from ``output_token_logprobs`` (``[logprob, token_id, text]`` per token), so ids
     and logprobs are aligned by construction; ``output_ids`` is the fallback without logprobs.
+
+    The answer to a resumable sample's request (``request_body`` continued it) is appended as a new
+    segment: ids, logprobs (None if either side has none: they could not be aligned), text, token
+    versions (empty if either side's are unknown), a new ``weight_versions`` label; the status is the
+    new segment's. ``metadata["rollout_segments"]`` counts the answers the response is made of.
+    Otherwise the answer replaces the response.
     """
     meta = response.get("meta_info") or {}
     entries = meta.get("output_token_logprobs")
+    ids: list[int]
+    logprobs: list[float] | None
     if entries is not None:
-        sample.response_ids = [int(entry[1]) for entry in entries]
-        sample.rollout_logprobs = [float(entry[0]) for entry in entries]
+        ids = [int(entry[1]) for entry in entries]
+        logprobs = [float(entry[0]) for entry in entries]
     else:
-        sample.response_ids = [int(t) for t in response.get("output_ids") or []]
-        sample.rollout_logprobs = None
-    sample.response = str(response.get("text") or "")
+        ids = [int(t) for t in response.get("output_ids") or []]
+        logprobs = None
+    text = str(response.get("text") or "")
+    raw_label = meta.get("weight_version")
+    label = str(raw_label) if raw_label is not None else None
+    # An answer carries the version serving when it finished; weight updates pause with mode abort
+    # (engine_update), which cuts a segment, so that version made all of its tokens.
+    number = version_number(label)
+    versions = [number] * len(ids) if number is not None else []
+    if sample.resumable:
+        aligned = len(sample.token_versions) == len(sample.response_ids)
+        sample.token_versions = [*sample.token_versions, *versions] if aligned and number is not None else []
+        if logprobs is None or sample.rollout_logprobs is None:
+            sample.rollout_logprobs = None
+        else:
+            sample.rollout_logprobs = [*sample.rollout_logprobs, *logprobs]
+        if sample.loss_mask is not None:  # keep an explicit mask aligned
+            sample.loss_mask = [*sample.loss_mask, *([1] * len(ids))]
+        sample.response_ids = [*sample.response_ids, *ids]
+        sample.response += text
+        if label is not None and ids and label not in sample.weight_versions:
+            sample.weight_versions = [*sample.weight_versions, label]
+        sample.metadata["rollout_segments"] = int(sample.metadata.get("rollout_segments") or 1) + 1
+    else:
+        sample.response_ids = ids
+        sample.rollout_logprobs = logprobs
+        sample.response = text
+        sample.token_versions = versions
+        sample.weight_versions = [label] if label is not None else []
+        sample.metadata["rollout_segments"] = 1
     sample.response_length = len(sample.response_ids)
     kind = finish_type(response)
     sample.status = status_from_finish_reason(kind)
-    version = meta.get("weight_version")
-    sample.weight_versions = [str(version)] if version is not None else []
     sample.metadata["finish_reason"] = kind
     return sample
 
@@ -155,10 +215,12 @@ async def post_generate(
     cancelled: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], Any] = asyncio.sleep,
     hold: Hold | None = None,
+    resend_aborts: bool = True,
 ) -> tuple[dict[str, Any], int]:
     """POST ``body`` to ``url``/generate with the retry policy of the module docstring.
 
-    Returns the answer and the number of tries; an abort comes back only while ``cancelled()``.
+    Returns the answer and the number of tries; an abort comes back only while ``cancelled()``, or
+    at once without ``resend_aborts`` (the caller continues it and bounds the aborts itself).
     ``what`` names the request in errors and logs (e.g. "sample 3").
     """
     failures = aborts = 0
@@ -175,7 +237,7 @@ async def post_generate(
             log.info("%s: try %d failed (%s); retrying in %.1f s", what, failures, exc, delay)
             await sleep(delay)
             continue
-        if finish_type(response) == "abort" and not cancelled():
+        if resend_aborts and finish_type(response) == "abort" and not cancelled():
             aborts += 1
             if aborts > retry.max_abort_retries:
                 raise GenerationError(f"{what}: aborted {aborts} times (weight updates?)")
@@ -193,19 +255,40 @@ async def generate_one(
     cancelled: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], Any] = asyncio.sleep,
     hold: Hold | None = None,
+    continue_aborted: bool = False,
 ) -> Sample:
-    """One sample through ``url``/generate with the retry policy of the module docstring."""
-    response, tries = await post_generate(
-        session,
-        url,
-        request_body(sample, params),
-        what=f"sample {sample.index}",
-        retry=retry,
-        cancelled=cancelled,
-        sleep=sleep,
-        hold=hold,
-    )
-    apply_response(sample, response)
+    """One sample through ``url``/generate with the retry policy of the module docstring.
+
+    A resumable sample is continued; ``continue_aborted`` keeps the partial output of an abort that
+    is not a cancellation and continues it (else the request is resent as it was).
+    """
+    what = f"sample {sample.index}"
+    tries = aborts = 0
+    while True:
+        left = tokens_left(sample, params)
+        if sample.resumable and left is not None and left <= 0:
+            # the partial response already holds the whole budget: it ends as the engine would end it
+            sample.status = Status.TRUNCATED
+            sample.metadata["finish_reason"] = "length"
+            break
+        response, n = await post_generate(
+            session,
+            url,
+            request_body(sample, params),
+            what=what,
+            retry=retry,
+            cancelled=cancelled,
+            sleep=sleep,
+            hold=hold,
+            resend_aborts=not continue_aborted,
+        )
+        tries += n
+        apply_response(sample, response)
+        if not continue_aborted or sample.status is not Status.ABORTED or cancelled():
+            break
+        aborts += 1
+        if aborts > retry.max_abort_retries:
+            raise GenerationError(f"{what}: aborted {aborts} times (weight updates?)")
     sample.metadata["rollout_tries"] = tries
     return sample
 
@@ -253,15 +336,26 @@ async def generate_samples(
     cancelled: Callable[[], bool] = lambda: False,
     session: aiohttp.ClientSession | None = None,
     hold: Hold | None = None,
+    continue_aborted: bool = False,
 ) -> list[Sample]:
     """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once.
 
-    Raises ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
+    Resumable samples are continued; ``continue_aborted`` as in ``generate_one``. Raises
+    ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
     """
     for sample in samples:
         request_body(sample, params)  # a bad sample fails before any request is sent
 
     async def one(sample: Sample, http: aiohttp.ClientSession) -> Sample:
-        return await generate_one(http, url, sample, params, retry=retry, cancelled=cancelled, hold=hold)
+        return await generate_one(
+            http,
+            url,
+            sample,
+            params,
+            retry=retry,
+            cancelled=cancelled,
+            hold=hold,
+            continue_aborted=continue_aborted,
+        )
 
     return await run_bounded(samples, one, concurrency=concurrency, session=session)

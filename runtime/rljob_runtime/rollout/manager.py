@@ -319,6 +319,8 @@ class RolloutManager:
                 concurrency=self.concurrency,
                 retry=self.retry,
                 cancelled=lambda: self._cancelling,
+                # partial rollout: a request a weight update aborts is continued, not restarted
+                continue_aborted=self.spec.rollout.partial_rollout,
                 session=await self._http(),
                 hold=self._hold_for_replacements,
             )
