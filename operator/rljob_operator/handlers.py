@@ -115,7 +115,8 @@ async def _resync_forever() -> None:
         except Exception as exc:
             log.warning("resync: cannot list jobs: %s", describe_api_error(exc))
             continue
-        reconciler().reapply_all()  # what was deleted or edited by hand comes back
+        # What was deleted or edited by hand comes back; what is kept of jobs now gone is dropped.
+        reconciler().reapply_all({(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs})
         for job in jobs:
             await reconciler().reconcile(job["metadata"]["namespace"], job["metadata"]["name"])
 
@@ -156,7 +157,9 @@ async def job_event(event: kopf.RawEvent, namespace: str | None, name: str, **kw
         await reconciler().reconcile(namespace, name)
         await _requeue_waiting(namespace)  # a deleted job may free GPUs for queued ones
         return
-    await reconciler().reconcile(namespace, name)
+    # The version lets the reconciler skip the event of its own status write (reconcile.py).
+    version = (event["object"].get("metadata") or {}).get("resourceVersion")
+    await reconciler().reconcile(namespace, name, version)
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})

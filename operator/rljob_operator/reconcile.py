@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,7 +49,7 @@ from .conversions import (
     training_succeeded,
 )
 from .conversions import events as conversion_events
-from .job import Job, job_from_object
+from .job import Job, JobKey, SpecCache, job_from_object
 from .kube import Kube
 from .kueue import kueue_admits
 from .metrics import Metrics
@@ -81,6 +81,16 @@ log = logging.getLogger("rljob.operator")
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
+# A pass writes status up to three times (pending or restart, a failure, the final status); their
+# events may come after the next pass's writes.
+OWN_WRITES_KEPT = 4
+
+
+def others_part(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a job is not the operator's: its metadata (less what every write changes), its spec and
+    the runtime's status.progress. The rest of status is the operator's."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    return meta, obj.get("spec"), (obj.get("status") or {}).get("progress")
 
 
 @dataclass
@@ -118,27 +128,67 @@ class Reconciler:
         self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
         # Jobs with a pass waiting for their lock: the events of a job's RayJob and pods that arrive
         # while one pass runs fold into that one waiting pass (a workqueue's de-duplication).
-        self._waiting: set[tuple[str, str]] = set()
+        # Each waits with the resourceVersions of the job events folded into it (None: another cause).
+        self._waiting: dict[JobKey, list[str | None]] = {}
+        # The resourceVersions our own status writes gave each job, the last few (see _write_status).
+        self._own_writes: dict[JobKey, tuple[str, ...]] = {}
+        self._specs = SpecCache()
         # Read from the /metrics thread: set(dict) copies in one C call under the GIL.
         self._applied = AppliedChildren()
         metrics.track(
-            lambda: set(self._locks) | set(self._failures) | set(self._retries) | self._applied.jobs()
+            lambda: (
+                set(self._locks)
+                | set(self._failures)
+                | set(self._retries)
+                | set(self._own_writes)
+                | self._applied.jobs()
+                | self._specs.jobs()
+            )
         )
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str, version: str | None = None) -> None:
+        """A pass over the job, unless one already waits for it. `version`: the resourceVersion of the
+        job event that calls for it; when that is the job as our own status write left it, the pass would
+        find nothing new and is skipped. None (an event of its RayJob or pods, a retry, the resync)
+        always runs one."""
         key = (namespace, name)
-        if key in self._waiting:
-            return  # a pass already waits for this job's lock: it starts later and reads all this one would
+        if self._written_by_us(key, version):
+            return
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            # That pass starts later and reads all this one would (a workqueue's de-duplication).
+            waiting.append(version)
+            return
         lock = self._locks.setdefault(key, asyncio.Lock())
-        self._waiting.add(key)
+        causes = self._waiting[key] = [version]
         try:
             await lock.acquire()
         finally:
-            self._waiting.discard(key)
+            self._waiting.pop(key, None)
         try:
+            # Again: the event of a write can come before the pass that wrote has its answer.
+            if all(self._written_by_us(key, v) for v in causes):
+                return
             await self._pass(key)
         finally:
             lock.release()
+
+    def _written_by_us(self, key: JobKey, version: str | None) -> bool:
+        return version is not None and version in self._own_writes.get(key, ())
+
+    async def _write_status(self, obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        """Patch the job's /status. When the object the API server returns differs from the one this
+        pass read only in the operator's own status, its watch event brings nothing new: its
+        resourceVersion is remembered so that event starts no pass (each status write cost a pass that
+        wrote nothing). Anyone else's write in between (a spec edit, the runtime's progress) makes it
+        differ, and the event runs a pass as before: that write's own event may be lost (a watch
+        re-listed after an error shows only the latest version)."""
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        written = await self.kube.apply_job_status(*key, status)
+        version = (written.get("metadata") or {}).get("resourceVersion")
+        if version and others_part(written) == others_part(obj):
+            self._own_writes[key] = (*self._own_writes.get(key, ()), version)[-OWN_WRITES_KEPT:]
 
     async def _pass(self, key: tuple[str, str]) -> None:
         """One pass with its outcome: counted, and retried with backoff after a failure."""
@@ -193,7 +243,7 @@ class Reconciler:
             self.forget((namespace, name))  # children go by garbage collection
             return
         try:
-            job = job_from_object(obj)
+            job = job_from_object(obj, self._specs)
         except SpecError as exc:
             self.emit(obj, "Warning", "InvalidSpec", str(exc))
             return
@@ -264,7 +314,7 @@ class Reconciler:
         )
         status = compute_status(job, seen)
         if status_changed(job.status, status):
-            await self.kube.apply_job_status(namespace, name, status)
+            await self._write_status(obj, status)
             self._announce(obj, job, status)
             for event in conversion_events(job.status, status.get("conversions") or []):
                 self.emit(obj, *event)
@@ -281,7 +331,7 @@ class Reconciler:
         caller creates the next one), else the failed one, being deleted."""
         if not is_recorded(job.status, failure.uid):
             status = restart_status(job, failure, rayjob, now)
-            await self.kube.apply_job_status(job.namespace, job.name, status)
+            await self._write_status(obj, status)
             self._announce(obj, job, status)
             log.info(
                 "restarting %s/%s (restart %d of %d): RayJob %s failed: %s: %s",
@@ -324,16 +374,21 @@ class Reconciler:
         name = rayjob["metadata"]["name"]
         self.emit(obj, "Normal", "Created", f"created RayJob {name} ({job.spec.total_gpus()} GPUs)")
 
-    def reapply_all(self) -> None:
+    def reapply_all(self, present: Collection[JobKey] | None = None) -> None:
         """The next pass of each job applies its children again, changed or not (the resync pass:
-        restores a child deleted or edited by hand)."""
+        restores a child deleted or edited by hand). `present`: the jobs the resync listed; what is kept
+        of any other is dropped."""
         self._applied.forget_all()
+        if present is not None:
+            self._specs.keep_only(present)
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted job leaves no per-job state behind (locks, failure counts, pending retries,
         metrics)."""
         self.metrics.forget(key)
         self._applied.forget(key)
+        self._specs.forget(key)
+        self._own_writes.pop(key, None)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         retry = self._retries.pop(key, None)
@@ -374,7 +429,7 @@ class Reconciler:
             obj = await self.kube.get_job(namespace, name)
             if obj is None:
                 return
-            job = job_from_object(obj)
+            job = job_from_object(obj, self._specs)
             status = error_status(job, shown.reason, shown.message, self.clock(), stalled=shown.stalled)
             if not status_changed(job.status, status):
                 return  # once per refusal, not at every retry
@@ -383,7 +438,7 @@ class Reconciler:
             old: dict[str, Any] = next((c for c in conditions if c.get("type") == kind), {})
             if shown.stalled or old.get("reason") != shown.reason:
                 self.emit(obj, "Warning", shown.reason, shown.message)
-            await self.kube.apply_job_status(namespace, name, status)
+            await self._write_status(obj, status)
         except Exception as exc:
             log.error("cannot report %s on %s/%s: %s", shown.reason, namespace, name, describe_api_error(exc))
 
@@ -391,7 +446,7 @@ class Reconciler:
         """A new job is Pending before its children exist: watchers (kubectl get -w, kstatus,
         GitOps tools) see it accepted even when creating them takes a while or fails."""
         pending = compute_status(job, observed)
-        await self.kube.apply_job_status(job.namespace, job.name, pending)
+        await self._write_status(obj, pending)
         self._announce(obj, job, pending)
         return dataclasses.replace(job, status=pending)
 
@@ -462,7 +517,7 @@ class Reconciler:
         demands = []
         for other in await self.kube.list_jobs(job.namespace):
             try:
-                o = job_from_object(other)
+                o = job_from_object(other, self._specs)
             except SpecError:
                 continue
             if o.deleting or o.spec.suspend or o.status.get("phase") in TERMINAL or o.spec.queue_name:

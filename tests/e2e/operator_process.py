@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+IMAGE_DEPS = Path(__file__).resolve().parent / "operator_image_deps"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -45,7 +47,9 @@ class OperatorProcess:
     def start(self, timeout: float = 60) -> None:
         self.starts += 1
         self.metrics_port, self.health_port = free_port(), free_port()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        # As in the operator image: no synchronous `kubernetes` client importable.
+        path = os.pathsep.join(p for p in (str(IMAGE_DEPS), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": path}
         cmd = [
             sys.executable, "-m", "rljob_operator",
             f"--metrics-port={self.metrics_port}",

@@ -126,8 +126,9 @@ def test_runtime_image_cuda_is_torchs() -> None:
 
 def test_operator_lock_holds_the_operator_only() -> None:
     pins = lock_pins("operator")
-    for needed in ("kopf", "kubernetes", "prometheus-client", "pydantic", "pyyaml"):
+    for needed in ("kopf", "kubernetes-asyncio", "prometheus-client", "pydantic", "pyyaml"):
         assert needed in pins
+    assert "kubernetes" not in pins, "kopf imports the synchronous client when installed (25 MiB)"
     for runtime_only in ("torch", "ray", "sglang", "transformers", "megatron-core"):
         assert runtime_only not in pins
 

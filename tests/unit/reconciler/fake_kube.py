@@ -14,11 +14,14 @@ Modelled (what the Reconciler's correctness depends on):
   apply to /status changes only `status` and is a 404 when the object is gone;
 - equality label selectors (`k`, `!k`, `k=v`, `k==v`, `k!=v`), lists sorted by namespace and name;
 - garbage collection of owned objects (ownerReferences uid), at once, on `delete`;
-- failures: `fail(method, exc, times, when)` raises before the call has any effect.
+- failures: `fail(method, exc, times, when)` raises before the call has any effect;
+- watches, as a log of events (`watch`: ADDED, MODIFIED, DELETED, each with the object as written),
+  which `Harness.settle` delivers through handlers.py's event handlers.
 
 Not modelled: admission (CEL rules, ResourceQuota enforcement, webhooks), RBAC (a 403 happens only
 when injected), field-ownership conflicts without force, list-type semantics of SSA (lists are
-replaced whole, never merged by key), defaulting and pruning by schemas, watches, resourceVersion
+replaced whole, never merged by key), defaulting and pruning by schemas, watch errors and re-lists
+(every event is delivered, in order), resourceVersion
 preconditions (but delete_rayjob's uid precondition), set-based selectors, finalizers and
 deletionTimestamp (but a RayJob deleted with `slow_deletes`), and the controllers
 themselves: the tests play KubeRay, Kueue, the kubelet and the runtime with the helpers below.
@@ -42,11 +45,12 @@ from prometheus_client import CollectorRegistry
 
 from rljob_api.contract import OPERATOR_FIELD_MANAGER, RUNTIME_FIELD_MANAGER
 from rljob_api.resource import API_VERSION, KIND
+from rljob_operator import handlers
 from rljob_operator.build import BuildSettings
 from rljob_operator.checks import NodeInfo
 from rljob_operator.kube import PLURALS, Kube, timeout_message
 from rljob_operator.metrics import Metrics
-from rljob_operator.names import LABEL_JOB, LABEL_ROLE
+from rljob_operator.names import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, MANAGED_BY
 from rljob_operator.reconcile import Reconciler
 from rljob_operator.watch_cache import selected  # the API server's equality selectors
 
@@ -119,6 +123,13 @@ class _Failure:
     when: Callable[..., bool]
 
 
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED
+    kind: str
+    obj: dict[str, Any]
+
+
 @dataclass
 class _Stored:
     obj: dict[str, Any]
@@ -136,6 +147,7 @@ class FakeKube:
         self._seq = 0  # write order, for the SSA merge and resourceVersions
         self._clock = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
         self.slow_deletes = False  # delete_rayjob leaves the RayJob terminating (see there)
+        self.watch: list[WatchEvent] = []  # every change, in order, until Harness.settle delivers it
 
     # --- failure injection and call log ---
 
@@ -290,9 +302,11 @@ class FakeKube:
         server["managedFields"] = [{"manager": m, "subresource": s} for m, s in stored.writes]
         new["metadata"] |= server
         if new != old:
+            created = old["metadata"]["resourceVersion"] == "0"
             new["metadata"]["resourceVersion"] = str(self._seq)
-            if _body(new) != _body(old) and old["metadata"]["resourceVersion"] != "0":
+            if _body(new) != _body(old) and not created:
                 new["metadata"]["generation"] += 1
+            self.watch.append(WatchEvent("ADDED" if created else "MODIFIED", kind, copy.deepcopy(new)))
         stored.obj = new
         return copy.deepcopy(new)
 
@@ -337,6 +351,7 @@ class FakeKube:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete, and garbage-collect what it owns (at once: no finalizers are modelled)."""
         stored = self.store.pop((kind, namespace, name))
+        self.watch.append(WatchEvent("DELETED", kind, copy.deepcopy(stored.obj)))
         uid = stored.obj["metadata"]["uid"]
         for key, other in list(self.store.items()):
             owners = other.obj["metadata"].get("ownerReferences") or []
@@ -481,6 +496,28 @@ class Harness:
     def reconcile(self, name: str, namespace: str = "ml") -> None:
         self._run(lambda: self.reconciler.reconcile(namespace, name))
 
+    def settle(self, limit: int = 200) -> int:
+        """Deliver the watch events so far, and those the passes cause, one at a time through
+        handlers.py's handlers, as kopf would; returns how many passes ran. Fails on a loop."""
+        passes = self.passes()
+
+        async def deliver() -> None:
+            handlers._state["reconciler"] = self.reconciler
+            try:
+                for _ in range(limit):
+                    if not self.kube.watch:
+                        return
+                    await _dispatch(self.kube.watch.pop(0))
+                raise AssertionError(f"events still coming after {limit}: {self.kube.watch[:3]}")
+            finally:
+                handlers._state.pop("reconciler", None)
+
+        self._run(deliver)
+        return int(self.passes() - passes)
+
+    def passes(self) -> float:
+        return self.reconciles("ok") + self.reconciles("error")
+
     def fire_retry(self) -> float:
         """Run the one pending retry as if its delay had passed; returns that delay."""
         pending = [t for t in self.timers if not t.cancelled]
@@ -522,6 +559,21 @@ class Harness:
             else:
                 out.append(f"event:{call.args[1]}")
         return out
+
+
+async def _dispatch(event: WatchEvent) -> None:
+    """One watch event to the kopf handler that watches its kind (with the handlers' label filters)."""
+    meta = event.obj["metadata"]
+    namespace, labels = meta.get("namespace"), meta.get("labels") or {}
+    if event.kind == JOB:
+        raw = {"type": event.type, "object": event.obj}
+        await handlers.job_event(event=raw, namespace=namespace, name=meta["name"])  # type: ignore[arg-type]
+    elif event.kind == RAYJOB and labels.get(LABEL_MANAGED_BY) == MANAGED_BY:
+        await handlers.rayjob_event(namespace=namespace, labels=labels)
+    elif event.kind == POD and LABEL_JOB in labels:
+        await handlers.pod_event(namespace=namespace, labels=labels)
+    elif event.kind == QUOTA:
+        await handlers.quota_event(namespace=namespace)
 
 
 def one_gpu_job() -> Harness:
