@@ -13,7 +13,6 @@ partial rollout the groups aborted when a step has its batch are carried to the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import importlib.util
 import logging
@@ -21,7 +20,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +42,8 @@ from .data.sample import Sample, Status
 from .models import resolve_model, resolve_tokenizer
 from .report import JobIdentity, ProgressReporter
 from .rollout.custom_generate import load_hook
-from .rollouts_ahead import RolloutsAhead
-from .step_rollout import StepRollout, step_rollout
+from .rollouts_ahead import StepRollouts
+from .step_rollout import StepRollout
 from .sync import WeightTransport, make_transport
 from .trainer_restart import RestartsExhausted, TrainerRestarts, one_line
 from .wandb_log import RunIdentity, WandbLogger
@@ -343,7 +342,7 @@ def _loop(
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
     restarts = TrainerRestarts(spec.fault_tolerance.max_trainer_restarts)
-    source = _Rollouts(prepared, crew.rollout, start, buffered)  # the rollouts saved by the checkpoint
+    source = StepRollouts(prepared, crew.rollout, start, buffered)  # the rollouts saved by the checkpoint
     step = start
     try:
         while step < total:
@@ -359,7 +358,7 @@ def _loop(
                 step, buffered = _restart_trainer(
                     prepared, crew, reporter, result, rng, origin, restarts, (step, lost, exc)
                 )
-                source = _Rollouts(prepared, crew.rollout, step, buffered)
+                source = StepRollouts(prepared, crew.rollout, step, buffered)
                 continue
             step += 1
     except BaseException:
@@ -367,46 +366,6 @@ def _loop(
         raise
     source.close(wait=True)
     return result
-
-
-class _Rollouts:
-    """Where each step's rollout comes from: made now (sync), or by the async producer; the rollouts
-    a checkpoint saved go first."""
-
-    def __init__(self, prepared: Prepared, rollout: Rollout, start: int, buffered: list[StepRollout]) -> None:
-        spec = prepared.spec
-        self.prepared, self.rollout = prepared, rollout
-        self.backlog = list(buffered)
-        self.ahead: RolloutsAhead | None = None
-        if spec.rollout.async_.enabled:
-            count = max(0, spec.training.num_rollout - start - len(self.backlog))
-            self.ahead = RolloutsAhead(
-                functools.partial(step_rollout, prepared, rollout),
-                depth=spec.rollout.async_.buffer_size,
-                count=count,
-                ready=self.backlog,
-            )
-            self.backlog = []
-
-    def take(self) -> StepRollout:
-        if self.ahead is not None:
-            return self.ahead.take()
-        if self.backlog:
-            return self.backlog.pop(0)
-        return step_rollout(self.prepared, self.rollout)
-
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[list[StepRollout]]:
-        """No rollout is being made inside; yields those made and not yet taken (a checkpoint's)."""
-        if self.ahead is None:
-            yield list(self.backlog)
-            return
-        with self.ahead.quiet():
-            yield self.ahead.buffered()
-
-    def close(self, *, wait: bool) -> None:
-        if self.ahead is not None:
-            self.ahead.close(wait=wait)
 
 
 def _step(
@@ -417,7 +376,7 @@ def _step(
     result: RunResult,
     rng: random.Random,
     step: int,
-    source: _Rollouts,
+    source: StepRollouts,
 ) -> None:
     """One rollout step: take its rollout (made now, or ahead in async mode), score, train, save on
     interval, push the weights, evaluate, report."""

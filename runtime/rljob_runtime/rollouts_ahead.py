@@ -5,17 +5,23 @@ The driver ``take``s the next one for each step. Around a weight push (without p
 checkpoint and an evaluation it holds the producer ``quiet``: no rollout starts, and the one being
 made is finished first, so the weights never change mid-request, the data position saved is the one
 of the rollouts saved with it (``buffered``), and eval requests are not aborted by dynamic sampling.
+``StepRollouts`` is what the driver takes each step's rollout from: this producer in async mode,
+else one made at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from .step_rollout import StepRollout, step_rollout
+
 if TYPE_CHECKING:
-    from .step_rollout import StepRollout
+    from .driver import Prepared
+    from .rollout.base import Rollout
 
 
 class RolloutsAhead:
@@ -119,3 +125,42 @@ class RolloutsAhead:
             self._cond.notify_all()
             while wait and self._making:
                 self._cond.wait()
+
+
+class StepRollouts:
+    """Where each step's rollout comes from for the driver: made now (sync), or by a ``RolloutsAhead``
+    (async); the rollouts a checkpoint saved go first."""
+
+    def __init__(self, prepared: Prepared, rollout: Rollout, start: int, buffered: list[StepRollout]) -> None:
+        spec = prepared.spec
+        self.prepared, self.rollout = prepared, rollout
+        self.backlog = list(buffered)
+        self.ahead: RolloutsAhead | None = None
+        if spec.rollout.async_.enabled:
+            self.ahead = RolloutsAhead(
+                functools.partial(step_rollout, prepared, rollout),
+                depth=spec.rollout.async_.buffer_size,
+                count=max(0, spec.training.num_rollout - start - len(self.backlog)),
+                ready=self.backlog,
+            )
+            self.backlog = []
+
+    def take(self) -> StepRollout:
+        if self.ahead is not None:
+            return self.ahead.take()
+        if self.backlog:
+            return self.backlog.pop(0)
+        return step_rollout(self.prepared, self.rollout)
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[list[StepRollout]]:
+        """No rollout is being made inside; yields those made and not yet taken (a checkpoint's)."""
+        if self.ahead is None:
+            yield list(self.backlog)
+            return
+        with self.ahead.quiet():
+            yield self.ahead.buffered()
+
+    def close(self, *, wait: bool) -> None:
+        if self.ahead is not None:
+            self.ahead.close(wait=wait)

@@ -94,7 +94,7 @@ def test_grpo_learns_colocated_with_sglang(
 def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rljob_runtime.driver as driver
+    import rljob_runtime.rollouts_ahead as rollouts_ahead
     from rljob_runtime.colocation import Turns
     from rljob_runtime.data.sample import Sample, Status
     from rljob_runtime.driver import RunOptions, prepare, run
@@ -104,7 +104,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
     doc = sglang_job(tmp_path, backend="torch", steps=3, sglang_args={"disable-cuda-graph": ""})
     checks: list[dict[str, Any]] = []
     kill: dict[str, Any] = {}
-    real_to_engines, real_step_rollout = Turns.to_engines, driver.step_rollout
+    real_to_engines, real_step_rollout = Turns.to_engines, rollouts_ahead.step_rollout
     prepared = prepare(parse_spec(doc))
 
     def to_engines(self: Turns, sync: Any) -> dict[str, float]:
@@ -148,7 +148,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
         return real_step_rollout(prepared, rollout)
 
     monkeypatch.setattr(Turns, "to_engines", to_engines)
-    monkeypatch.setattr(driver, "step_rollout", step_rollout)
+    monkeypatch.setattr(rollouts_ahead, "step_rollout", step_rollout)  # where the driver takes it
     result = run(prepared, RunOptions())
     print("syncs:", json.dumps([{k: c[k] for k in ("version", "equal")} for c in checks]), flush=True)
     print("kill:", json.dumps({k: v for k, v in kill.items() if k != "tokens"}), flush=True)
