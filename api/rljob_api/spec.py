@@ -23,7 +23,11 @@ _MODEL_PARALLEL = (
     "(self.training.parallelism.tensor * self.training.parallelism.pipeline"
     " * self.training.parallelism.context)"
 )
+# With training.dynamicBatch the micro-batches are token budgets: microBatchSize is ignored (counts as 1).
 _MICRO_BATCH = "(self.training.dynamicBatch.enabled ? 1 : self.training.microBatchSize)"
+_LONGEST_SAMPLE = (
+    "(self.rollout.maxResponseLen + (has(self.data.maxPromptLength) ? self.data.maxPromptLength : 1))"
+)
 
 
 def trainer_gpus(spec: RLTrainingJobSpec) -> int:
@@ -42,6 +46,12 @@ def data_parallel_size(spec: RLTrainingJobSpec) -> int:
 
 def _micro_batch(spec: RLTrainingJobSpec) -> int:
     return 1 if spec.training.dynamic_batch.enabled else spec.training.micro_batch_size
+
+
+def longest_sample(spec: RLTrainingJobSpec) -> int:
+    """The most tokens (prompt + response) a plain rollout's sample can have: data.maxPromptLength
+    (1 when unset: a prompt has a token at least) + rollout.maxResponseLen."""
+    return spec.rollout.max_response_len + (spec.data.max_prompt_length or 1)
 
 
 _SPEC_RULES = (
@@ -74,6 +84,20 @@ _SPEC_RULES = (
         check=lambda s: (
             trainer_gpus(s) % model_parallel_size(s) != 0
             or s.training.global_batch_size % (_micro_batch(s) * data_parallel_size(s)) == 0
+        ),
+    ),
+    Rule(
+        # A sample is never truncated and never split over micro-batches (its tokens attend to each
+        # other): the budget must hold the longest one the spec allows.
+        cel=f"!self.training.dynamicBatch.enabled || {_LONGEST_SAMPLE} <= "
+        "self.training.dynamicBatch.maxTokensPerGpu",
+        message="training.dynamicBatch.maxTokensPerGpu must hold the longest sample, data.maxPromptLength (1 "
+        "when unset) + rollout.maxResponseLen tokens: raise it, or lower rollout.maxResponseLen or "
+        "data.maxPromptLength",
+        field=".training.dynamicBatch.maxTokensPerGpu",
+        check=lambda s: (
+            not s.training.dynamic_batch.enabled
+            or longest_sample(s) <= s.training.dynamic_batch.max_tokens_per_gpu
         ),
     ),
     Rule(
@@ -110,6 +134,18 @@ _SPEC_RULES = (
         "algorithm.dynamicSampling.enabled true, or remove it",
         field=".rollout.customFilter",
         check=lambda s: s.rollout.custom_filter is None or s.algorithm.dynamic_sampling.enabled,
+    ),
+    Rule(
+        cel="!self.training.offloadOptimizer || (self.training.backend == 'megatron' && "
+        "self.resources.device == 'cuda')",
+        message="training.offloadOptimizer moves the megatron backend's optimizer state from the GPU to host "
+        "memory: it needs training.backend megatron and resources.device cuda (on a CPU there is nothing to "
+        "offload); set it false",
+        field=".training.offloadOptimizer",
+        check=lambda s: (
+            not s.training.offload_optimizer
+            or (s.training.backend == "megatron" and s.resources.device == "cuda")
+        ),
     ),
     # What the runtime does not run yet (device x engine x backend x mode x features): support.py.
     *SUPPORT_RULES,

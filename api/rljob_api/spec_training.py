@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -66,10 +67,19 @@ class DynamicBatchSpec(ApiModel):
 
     enabled: bool = Field(
         default=False,
-        description="Pack micro-batches up to maxTokensPerGpu tokens. Not supported yet: true is refused.",
+        description="Pack each data-parallel rank's samples of every optimizer step into micro-batches of "
+        "at most maxTokensPerGpu tokens (prompt + response, no padding; each sample attends only to "
+        "itself), balanced by token count. Replaces training.microBatchSize, which is then ignored. Loss, "
+        "log-probs and gradients are those of the padded micro-batches.",
     )
     max_tokens_per_gpu: int = Field(
-        default=16384, ge=1, le=16777216, description="Token budget of one micro-batch on one GPU."
+        default=16384,
+        ge=1,
+        le=16777216,
+        description="Token budget of one packed micro-batch on one GPU (with dynamicBatch.enabled). It must "
+        "hold the longest possible sample: data.maxPromptLength (1 when unset) + rollout.maxResponseLen. A "
+        "longer sample (a prompt longer than the budget allows when data.maxPromptLength is unset, or a "
+        "customGenerate response) is never truncated: it gets a micro-batch of its own.",
     )
 
 
@@ -77,6 +87,99 @@ MegatronArgs = Annotated[
     dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]],
     Field(max_length=64),
 ]
+
+# The Megatron options training.megatronArgs passes through (Megatron-LM's names without the dashes), by
+# value: "bool" ('' or 'true': on; 'false': off), "int" (a positive integer) or the allowed values. The
+# runtime's trainer/megatron/megatron_args.py maps each to the megatron-core config field it sets (and
+# must cover exactly these). Left out on purpose: what the spec owns (parallel sizes, lr, Adam, clipping,
+# lengths), what needs TransformerEngine or apex, what has no effect with the local layer spec and SDPA
+# (attention-softmax-in-fp32, init-method-std: weights come from the checkpoint), and overlap-param-gather
+# (the weights sent to the engines after a step would be stale until the next forward).
+MEGATRON_ARG_VALUES: dict[str, str | tuple[str, ...]] = {
+    "overlap-grad-reduce": "bool",
+    "ddp-bucket-size": "int",
+    "check-for-nan-in-loss-and-grad": "bool",
+    "recompute-granularity": ("full", "selective"),
+    "recompute-method": ("uniform", "block"),
+    "recompute-num-layers": "int",
+}
+MEGATRON_BOOL_VALUES = ("", "true", "false")
+MEGATRON_INT_PATTERN = "^[1-9][0-9]{0,9}$"  # RE2 (CEL matches) and Python re alike
+
+
+def _cel_strs(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _megatron_arg_rules() -> tuple[Rule, ...]:
+    names = list(MEGATRON_ARG_VALUES)
+    bools = [k for k, v in MEGATRON_ARG_VALUES.items() if v == "bool"]
+    ints = [k for k, v in MEGATRON_ARG_VALUES.items() if v == "int"]
+    choices = {k: v for k, v in MEGATRON_ARG_VALUES.items() if isinstance(v, tuple)}
+    arg = "self.megatronArgs"
+    full = f"('recompute-granularity' in {arg} && {arg}['recompute-granularity'] == 'full')"
+    return (
+        Rule(
+            cel=f"{arg}.all(k, k in {_cel_strs(names)})",
+            message="megatronArgs takes only these Megatron options (without the leading dashes): "
+            f"{', '.join(names)}; remove the others",
+            field=".megatronArgs",
+            check=lambda t: all(k in MEGATRON_ARG_VALUES for k in t.megatron_args),
+        ),
+        Rule(
+            cel=f"{arg}.all(k, !(k in {_cel_strs(bools)}) || {arg}[k] in {_cel_strs(MEGATRON_BOOL_VALUES)})",
+            message=f"megatronArgs {', '.join(bools)} take '' or 'true' (on) or 'false' (off)",
+            field=".megatronArgs",
+            check=lambda t: all(
+                t.megatron_args[k] in MEGATRON_BOOL_VALUES for k in bools if k in t.megatron_args
+            ),
+        ),
+        Rule(
+            cel=f"{arg}.all(k, !(k in {_cel_strs(ints)}) || {arg}[k].matches('{MEGATRON_INT_PATTERN}'))",
+            message=f"megatronArgs {', '.join(ints)} take a positive integer",
+            field=".megatronArgs",
+            check=lambda t: all(
+                re.fullmatch(MEGATRON_INT_PATTERN, t.megatron_args[k]) for k in ints if k in t.megatron_args
+            ),
+        ),
+        Rule(
+            cel=" && ".join(
+                f"(!('{k}' in {arg}) || {arg}['{k}'] in {_cel_strs(v)})" for k, v in choices.items()
+            ),
+            message="megatronArgs: " + "; ".join(f"{k} is {' or '.join(v)}" for k, v in choices.items()),
+            field=".megatronArgs",
+            check=lambda t: all(t.megatron_args[k] in v for k, v in choices.items() if k in t.megatron_args),
+        ),
+        Rule(
+            cel=f"!self.recomputeActivations || !{arg}.exists(k, k.startsWith('recompute-'))",
+            message="megatronArgs recompute-* set the recompute that recomputeActivations turns on: set "
+            "recomputeActivations false to use them",
+            field=".megatronArgs",
+            check=lambda t: (
+                not t.recompute_activations or not any(k.startswith("recompute-") for k in t.megatron_args)
+            ),
+        ),
+        Rule(
+            cel=f"!('recompute-method' in {arg} || 'recompute-num-layers' in {arg}) || {full}",
+            message="megatronArgs recompute-method and recompute-num-layers need recompute-granularity full",
+            field=".megatronArgs",
+            check=lambda t: (
+                not ({"recompute-method", "recompute-num-layers"} & set(t.megatron_args))
+                or t.megatron_args.get("recompute-granularity") == "full"
+            ),
+        ),
+        Rule(
+            cel=f"!('ddp-bucket-size' in {arg}) || ('overlap-grad-reduce' in {arg} && "
+            f"{arg}['overlap-grad-reduce'] != 'false')",
+            message="megatronArgs ddp-bucket-size needs overlap-grad-reduce (without it the gradients are "
+            "reduced in one bucket)",
+            field=".megatronArgs",
+            check=lambda t: (
+                "ddp-bucket-size" not in t.megatron_args
+                or t.megatron_args.get("overlap-grad-reduce", "false") != "false"
+            ),
+        ),
+    )
 
 
 class TrainingSpec(ApiModel):
@@ -88,6 +191,7 @@ class TrainingSpec(ApiModel):
         immutable(
             "parallelism", "parallelism", hint="checkpoints are sharded for this layout; create a new job"
         ),
+        *_megatron_arg_rules(),
     )
 
     backend: Literal["megatron", "torch"] = Field(
@@ -106,7 +210,11 @@ class TrainingSpec(ApiModel):
         "multiple of it; the quotient is the number of optimizer steps per rollout.",
     )
     micro_batch_size: int = Field(
-        default=1, ge=1, le=65536, description="Samples per forward/backward pass on one data-parallel rank."
+        default=1,
+        ge=1,
+        le=65536,
+        description="Samples per forward/backward pass on one data-parallel rank. Ignored with "
+        "dynamicBatch.enabled, whose maxTokensPerGpu sizes the micro-batches instead.",
     )
     seed: int = Field(default=42, ge=0, le=2147483647, description="Seed for data order, sampling and init.")
     optimizer: OptimizerSpec = section(OptimizerSpec, "AdamW and the learning-rate schedule.")
@@ -114,9 +222,21 @@ class TrainingSpec(ApiModel):
     recompute_activations: bool = Field(
         default=False, description="Recompute activations in backward to save memory (full recompute)."
     )
+    offload_optimizer: bool = Field(
+        default=False,
+        description="megatron on cuda: keep the optimizer's fp32 main parameters and Adam moments (12 of the "
+        "16-18 bytes per parameter) in pinned host memory between steps and stream them through the GPU a "
+        "chunk at a time at each optimizer step, for models whose optimizer state does not fit next to the "
+        "weights, gradients and activations (a 4B model on one 80 GB GPU). Costs a host <-> GPU copy of the "
+        "state per optimizer step.",
+    )
     dynamic_batch: DynamicBatchSpec = section(DynamicBatchSpec, "Token-budget micro-batching.")
     megatron_args: MegatronArgs = Field(
         default_factory=dict,
-        description="Extra Megatron arguments without the leading dashes, e.g. {overlap-grad-reduce: ''}. "
-        "Not supported yet: a non-empty map is refused.",
+        description="Megatron options passed through to the megatron backend, Megatron-LM's names without "
+        "the leading dashes, e.g. {overlap-grad-reduce: '', ddp-bucket-size: '40000000'}. Only these: "
+        "overlap-grad-reduce, ddp-bucket-size (with overlap-grad-reduce), check-for-nan-in-loss-and-grad (on "
+        "flags: '' or 'true'; 'false' is off), recompute-granularity (full or selective), recompute-method "
+        "(uniform or block) and recompute-num-layers (with recompute-granularity full; default uniform, 1 "
+        "layer); the recompute options only with recomputeActivations false. training.backend megatron only.",
     )

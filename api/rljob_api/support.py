@@ -186,18 +186,11 @@ def _async_limit(mode: str) -> Limit:
 # Fields the API keeps for features to come; only their defaults run today.
 FEATURES_NOT_YET: tuple[Limit, ...] = (
     Limit(
-        field=".training.dynamicBatch.enabled",
-        what="training.dynamicBatch (micro-batches packed by token count)",
-        instead="use training.microBatchSize",
-        cel="!self.training.dynamicBatch.enabled",
-        supported=lambda s: not s.training.dynamic_batch.enabled,
-    ),
-    Limit(
         field=".training.megatronArgs",
-        what="training.megatronArgs (no Megatron option passes through)",
-        instead="remove it (the spec's own fields are what the trainer uses)",
-        cel="size(self.training.megatronArgs) == 0",
-        supported=lambda s: not s.training.megatron_args,
+        what="training.megatronArgs with training.backend torch (they are Megatron options)",
+        instead="use training.backend megatron, or remove it",
+        cel="size(self.training.megatronArgs) == 0 || self.training.backend == 'megatron'",
+        supported=lambda s: not s.training.megatron_args or s.training.backend == "megatron",
     ),
     Limit(
         field=".training.parallelism.expert",

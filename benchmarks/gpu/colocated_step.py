@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--response-len", type=int, default=256)
     p.add_argument("--model-root", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="training.offloadOptimizer (megatron): the 4b on one H100",
+    )
+    p.add_argument("--no-recompute", action="store_true", help="recomputeActivations false")
     args = p.parse_args(argv)
     if not 0 < args.mem_fraction < 1 or args.steps < 1:
         p.error("--mem-fraction must be in (0, 1) and --steps at least 1")
@@ -74,7 +80,8 @@ def job(args: argparse.Namespace, model_dir: Path, ckpt: Path) -> dict[str, Any]
             "numRollout": args.steps,
             "globalBatchSize": batch,
             "microBatchSize": 1,
-            "recomputeActivations": True,
+            "recomputeActivations": not args.no_recompute,
+            "offloadOptimizer": args.offload_optimizer,
         },
         "resources": {"device": "cuda", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": 1}},
         "reward": {"type": "math"},
@@ -85,16 +92,19 @@ def job(args: argparse.Namespace, model_dir: Path, ckpt: Path) -> dict[str, Any]
 
 def phase_table(history: list[dict[str, float]]) -> str:
     """Per step: each phase's seconds, then the trainer's and the engines' GPU GB after it."""
-    lines = ["| step | phase | s | trainer GB | engines GB |", "|---|---|---|---|---|"]
+    lines = ["| step | phase | s | trainer GB | trainer peak GB | engines GB |", "|---|---|---|---|---|---|"]
     for h in history:
         for phase in PHASES:
             seconds = h.get(f"time/{phase}")
             if seconds is None:
                 continue
             trainer = h.get(f"memory/{phase}/trainer_gb")
+            peak = h.get(f"memory/{phase}/trainer_peak_gb")
             engines = h.get(f"memory/{phase}/engines_gb")
             fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
-            lines.append(f"| {h['step']:.0f} | {phase} | {seconds:.2f} | {fmt(trainer)} | {fmt(engines)} |")
+            lines.append(
+                f"| {h['step']:.0f} | {phase} | {seconds:.2f} | {fmt(trainer)} | {fmt(peak)} | {fmt(engines)} |"
+            )
     return "\n".join(lines)
 
 

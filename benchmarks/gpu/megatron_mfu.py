@@ -33,6 +33,13 @@ megatron-core's own fusion (torch.compile'd SwiGLU, on by default). Several mode
 
 Options beyond the defaults (each recorded in the result):
 
+- ``--runs R``: R timed windows of ``--steps`` steps each, in the same process after the warm-up; the
+  median window's figures are the result, every window's MFU is listed (``mfu_runs``), with the host
+  CPU and its load (``host``): hosts of the same GPU differ (the 1b is host-bound).
+- ``--offload-optimizer``: the runtime's ``training.offloadOptimizer`` (``optimizer_offload.py``): the
+  fp32 main params and Adam moments in pinned host memory, streamed through the GPU in chunks at each
+  optimizer step (how the 4b fits one 80 GB H100); its cost shows in the optimizer time.
+
 - ``--fusions wgrad,norm,rope`` (any of them, comma-separated; default none): the plain-torch fusions
   of ``trainer/megatron/fusions.py`` on top of ``--swiglu``: "wgrad" accumulates each linear's weight
   gradient in its GEMM straight into DDP's fp32 main_grad (apex's gradient-accumulation fusion,
@@ -119,6 +126,15 @@ MODELS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 36,
         "num_attention_heads": 32,
     },
+    # Qwen3-8B's shape (untied embeddings): trained at --tp 2 on two GPUs (torchrun).
+    "8b": {
+        **QWEN3_0_6B,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -134,9 +150,17 @@ def matmul_params(shape: Any) -> tuple[int, int]:
 
 
 def init_single_gpu() -> None:
+    """One NCCL rank, or every rank torchrun started (``--tp`` above 1: WORLD_SIZE in the environment)."""
     if dist.is_initialized():
         return
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group(
+            "nccl",
+            timeout=datetime.timedelta(minutes=10),
+            device_id=torch.device("cuda", torch.cuda.current_device()),
+        )
+        return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -256,6 +280,9 @@ def run_model(
     micro_batch_size: int = 1,
     recompute_layers: int | None = None,
     lm_head: str = "full",
+    offload_optimizer: bool = False,
+    runs: int = 1,
+    tp: int = 1,
 ) -> dict[str, Any]:
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -276,7 +303,8 @@ def run_model(
     if grad_dtype not in GRAD_DTYPES:
         raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {grad_dtype!r}")
     shape = model_shape(MODELS[name])
-    par = validate_parallelism(shape, gpus=1)
+    world = dist.get_world_size()
+    par = validate_parallelism(shape, tp=tp, gpus=world)
     init_model_parallel(par, seed=0)
     if memory_limit_gib is not None:  # allocations past it raise OutOfMemoryError, as on a smaller GPU
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -320,6 +348,11 @@ def run_model(
     )
     if fused_adam:
         use_fused_adam(optimizer)
+    offload = None
+    if offload_optimizer:  # training.offloadOptimizer: main params + moments streamed from the host
+        from rljob_runtime.trainer.megatron.optimizer_offload import OptimizerStateOffload
+
+        offload = OptimizerStateOffload(optimizer).install()
     config = model.module.config
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
@@ -374,12 +407,16 @@ def run_model(
         for _ in range(warmup):
             step()
         torch.cuda.synchronize()
-        marks.clear()
-        started = time.perf_counter()
-        losses = [step() for _ in range(steps)]
-        torch.cuda.synchronize()
-        seconds = (time.perf_counter() - started) / steps
-        timed = list(marks)  # the profiled step below is not part of the timed figures
+        windows: list[tuple[float, list[Any]]] = []  # per run: seconds per step, its CUDA events
+        losses: list[float] = []
+        for _ in range(runs):
+            marks.clear()
+            started = time.perf_counter()
+            losses += [step() for _ in range(steps)]
+            torch.cuda.synchronize()
+            windows.append(((time.perf_counter() - started) / steps, list(marks)))
+        # The median run's figures (by step time): one slow window does not set the result.
+        seconds, timed = sorted(windows, key=lambda w: w[0])[len(windows) // 2]
         if profile:
             try:
                 profiled = profile_step(step, seconds)
@@ -393,12 +430,16 @@ def run_model(
     n_matmul, n_total = matmul_params(shape)
     attn_flops = 12 * shape.num_layers * seq * shape.q_size
     flops_per_token = 6 * n_matmul + attn_flops
-    tokens_per_s = micro_batches * micro_batch_size * seq / seconds
+    # Every data-parallel replica trains its own micro-batches; MFU is per GPU (peak x GPUs).
+    step_tokens = micro_batches * micro_batch_size * seq * par.dp
+    tokens_per_s = step_tokens / seconds
     result: dict[str, Any] = {
         "model": name,
         "params": n_total,
         "matmul_params": n_matmul,
-        "padded_vocab": padded_vocab_size(vocab, 1),
+        "padded_vocab": padded_vocab_size(vocab, tp),
+        "tp": tp,
+        "gpus": world,
         "seq": seq,
         "micro_batches": micro_batches,
         "micro_batch_size": micro_batch_size,
@@ -413,12 +454,17 @@ def run_model(
         "ce_fusion": ce_fusion,
         "grad_dtype": grad_dtype,
         "memory_limit_gib": memory_limit_gib,
+        "offload_optimizer": offload_optimizer,
+        "runs": runs,
+        "step_s_runs": [round(w[0], 4) for w in windows],
+        "mfu_runs": [round(flops_per_token * step_tokens / w[0] / (peak * world * 1e12), 4) for w in windows],
+        "host": host_info(),
         "step_s": round(seconds, 4),
         "fwd_bwd_s": round(fwd_bwd, 4),
         "optimizer_s": round(optim, 4),
         "tokens_per_s": round(tokens_per_s, 1),
-        "model_tflops": round(flops_per_token * tokens_per_s / 1e12, 1),
-        "mfu": round(flops_per_token * tokens_per_s / (peak * 1e12), 4),
+        "model_tflops": round(flops_per_token * tokens_per_s / world / 1e12, 1),  # per GPU
+        "mfu": round(flops_per_token * tokens_per_s / (peak * world * 1e12), 4),
         "attention_share_of_flops": round(attn_flops / flops_per_token, 3),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
@@ -433,7 +479,28 @@ def run_model(
         result["inner_optimizer"] = f"unknown ({type(err).__name__})"
     if profiled is not None:
         result["profile"] = profiled
+    if offload is not None:
+        result["offloaded_state_gib"] = round(offload.host_bytes() / 2**30, 1)
     return result
+
+
+def host_info() -> dict[str, Any]:
+    """The host CPU (model, cores) and its load: the 1b's step is host-bound on slow hosts."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "load1": round(load[0], 2),
+        "gpu": torch.cuda.get_device_name(),
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -494,6 +561,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="profile one more step: top GPU kernels, time by category, GPU idle fraction",
     )
+    parser.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="training.offloadOptimizer: fp32 main params + Adam moments in pinned host memory, streamed",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="timed windows of --steps steps each; the median one is reported"
+    )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor parallel size: run under torchrun --nproc-per-node N (one model)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -501,6 +582,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--micro-batches must be >= 1")
     if args.micro_batch_size < 1:
         parser.error("--micro-batch-size must be >= 1")
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    if args.tp < 1 or (args.tp > 1 and "," in args.models):
+        parser.error("--tp must be >= 1, and with --tp above 1 one model per torchrun")
     if args.recompute_layers is not None and (args.recompute != "full" or args.recompute_layers < 1):
         parser.error("--recompute-layers needs --recompute full and must be >= 1")
     if args.lm_head == "chunked" and args.ce_fusion:
@@ -519,11 +604,12 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--grad-dtype", args.grad_dtype, "--fusions", ",".join(args.fusions) or "none"]
     argv.append("--fused-adam" if args.fused_adam else "--no-fused-adam")
     argv += ["--micro-batch-size", str(args.micro_batch_size), "--lm-head", args.lm_head]
+    argv += ["--runs", str(args.runs), "--tp", str(args.tp)]
     if args.recompute_layers is not None:
         argv += ["--recompute-layers", str(args.recompute_layers)]
     if args.memory_limit_gib is not None:
         argv += ["--memory-limit-gib", str(args.memory_limit_gib)]
-    for flag in ("ce_fusion", "profile"):
+    for flag in ("ce_fusion", "profile", "offload_optimizer"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     return argv
@@ -537,6 +623,16 @@ def fusions_text(result: dict[str, Any]) -> str:
     return f"{'+'.join(extra) or '-'} / {adam}"
 
 
+def grads_text(result: dict[str, Any]) -> str:
+    """The table's "grads" cell: the grad buffer's dtype, the optimizer offload, the TP layout."""
+    text = result.get("grad_dtype", "fp32")
+    if result.get("offload_optimizer"):
+        text += " + offloaded optimizer"
+    if result.get("tp", 1) > 1:
+        text += f", TP{result['tp']} on {result.get('gpus', result['tp'])} GPUs"
+    return text
+
+
 def limit_text(result: dict[str, Any]) -> str:
     limit = result.get("memory_limit_gib")
     return "-" if limit is None else f"{limit:g} GiB"
@@ -548,7 +644,7 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
         "| model | params | seq x [sequences x] micro-batches | attention (kernel) | recompute "
         "| fusions / Adam | SwiGLU / CE fusion "
         "| grads | memory cap | step s (fwd+bwd / optimizer) | tokens/s | model TFLOP/s | MFU "
-        "| peak mem GiB (host RSS) |"
+        "| peak mem GiB (host RSS) | MFU of each run | host CPU |"
     ]
     for r in results:
         if "error" in r:
@@ -568,9 +664,11 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
             f"| {r['model']} | {r['params'] / 1e9:.2f}B | {tokens} | "
             f"{r['attention']} ({r['sdpa_backend']}) | {recompute} | {fusions_text(r)} | "
             f"{r['swiglu']} / {ce} | "
-            f"{r.get('grad_dtype', 'fp32')} | {limit_text(r)} | {r['step_s']} "
+            f"{grads_text(r)} | "
+            f"{limit_text(r)} | {r['step_s']} "
             f"({r['fwd_bwd_s']} / {r['optimizer_s']}) | {r['tokens_per_s']} | {r['model_tflops']} | "
-            f"{r['mfu']:.3f} | {r['peak_mem_gib']} ({r.get('peak_host_rss_gib', '?')}) |"
+            f"{r['mfu']:.3f} | {r['peak_mem_gib']} ({r.get('peak_host_rss_gib', '?')}) | "
+            f"{' '.join(f'{m:.3f}' for m in r.get('mfu_runs', []))} | {r.get('host', {}).get('cpu', '?')} |"
         )
     for r in results:
         prof = r.get("profile")
@@ -586,6 +684,7 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = args.models.split(",")
+    leader = int(os.environ.get("RANK", "0")) == 0
     if len(names) > 1:  # one process per model: nothing of the last model's memory is left over
         results = []
         for name in names:
@@ -623,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
                     micro_batch_size=args.micro_batch_size,
                     recompute_layers=args.recompute_layers,
                     lm_head=args.lm_head,
+                    offload_optimizer=args.offload_optimizer,
+                    runs=args.runs,
+                    tp=args.tp,
                 )
             ]
         except torch.OutOfMemoryError as err:
@@ -632,8 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         prof = results[-1].get("profile")
         if isinstance(prof, dict) and "top_kernels" in prof:
             print("\n".join(["", f"{names[0]}: one profiled step", *format_summary(prof)]), flush=True)
-        print(json.dumps(results[-1]), flush=True)
+        if leader:
+            print(json.dumps(results[-1]), flush=True)
         dist.destroy_process_group()
+    if not leader:  # torchrun's other ranks: rank 0 reports
+        return 0
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16 dense")

@@ -92,8 +92,15 @@ class Turns:
 
     def memory(self, phase: str) -> Metrics:
         """GB of GPU memory each side holds now: the trainer ranks' reserved memory (summed) and the
-        engines' processes (summed, from NVML)."""
-        trainer = sum(m.get("reserved_gb", 0.0) for m in self.trainer.gpu_memory())
+        engines' processes (summed, from NVML); and the trainer ranks' peak reserved during the phase
+        (the largest rank's)."""
+        ranks = self.trainer.gpu_memory()
+        trainer = sum(m.get("reserved_gb", 0.0) for m in ranks)
+        peak = max((m.get("peak_reserved_gb", 0.0) for m in ranks), default=0.0)
         per_engine = self.rollout.engine_gpu_memory_gb() if self.rollout is not None else []
         engines = sum(per_engine) if all(gb >= 0 for gb in per_engine) else -1.0  # -1: NVML cannot tell
-        return {f"memory/{phase}/trainer_gb": trainer, f"memory/{phase}/engines_gb": engines}
+        return {
+            f"memory/{phase}/trainer_gb": trainer,
+            f"memory/{phase}/trainer_peak_gb": peak,
+            f"memory/{phase}/engines_gb": engines,
+        }

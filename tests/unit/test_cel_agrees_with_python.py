@@ -105,7 +105,11 @@ def _random_spec(rng: random.Random) -> dict[str, Any]:
                 "backend": "torch" if cpu else "megatron",
                 "globalBatchSize": rng.choice([8, 16, 32, 64, 128, 256]),
                 "microBatchSize": rng.choice([1, 2, 3, 4]),
-                "dynamicBatch": {"enabled": rng.random() < 0.03},  # not supported yet: always refused
+                # maxResponseLen 1024 by default: a budget of 1024 or less cannot hold the longest sample
+                "dynamicBatch": {
+                    "enabled": rng.random() < 0.3,
+                    "maxTokensPerGpu": rng.choice([512, 1024, 1025, 1600, 16384]),
+                },
                 "parallelism": {}
                 if cpu
                 else {
@@ -135,6 +139,8 @@ def _random_spec(rng: random.Random) -> dict[str, Any]:
     )
     if not colocate or rng.random() < 0.3:
         spec["resources"]["rollout"]["gpus"] = rng.choice([1, 2, 4, 8, 16])
+    if rng.random() < 0.5:  # the longest sample is maxPromptLength + maxResponseLen when it is set
+        spec["data"]["maxPromptLength"] = rng.choice([1, 512, 576])
     return spec
 
 

@@ -20,6 +20,15 @@ def test_the_job_is_valid_and_colocated_with_sglang() -> None:
     spec = parse_spec(bench.job(args, Path("/m"), Path("/ckpt")))
     assert spec.resources.colocate and spec.rollout.engine == "sglang" and spec.training.num_rollout == 2
     assert spec.rollout.sglang_args["mem-fraction-static"] == "0.85"
+    assert not spec.training.offload_optimizer and spec.training.recompute_activations
+    big = parse_spec(
+        bench.job(
+            bench.parse_args(["--backend", "megatron", "--model", "4b", "--offload-optimizer"]),
+            Path("/m"),
+            Path("/c"),
+        )
+    )
+    assert big.training.offload_optimizer and big.training.backend == "megatron"
     with pytest.raises(SystemExit):
         bench.parse_args(["--mem-fraction", "1.5"])
 
@@ -34,6 +43,7 @@ def test_phase_table_and_fit_verdict() -> None:
             "memory/release_engines/engines_gb": 1.5,
             "time/onload_trainer": 0.4,
             "memory/onload_trainer/trainer_gb": 30.0,
+            "memory/onload_trainer/trainer_peak_gb": 31.0,
             "memory/onload_trainer/engines_gb": 1.5,
             "time/sync": 0.2,
             "time/resume_engine_kv": 0.3,
@@ -42,7 +52,8 @@ def test_phase_table_and_fit_verdict() -> None:
         }
     ]
     table = bench.phase_table(history)
-    assert "| 1 | generate | 2.00 |  |  |" in table and "| 1 | onload_trainer | 0.40 | 30.0 | 1.5 |" in table
+    assert "| 1 | generate | 2.00 |  |  |  |" in table
+    assert "| 1 | onload_trainer | 0.40 | 30.0 | 31.0 | 1.5 |" in table
     assert table.index("release_engines") < table.index("sync") < table.index("resume_engine_kv")
     assert bench.fit_line(history, 80.0).endswith("they do not fit at once")
     assert bench.fit_line(history, 141.0).endswith("they would fit at once")

@@ -302,6 +302,7 @@ def test_arguments_refused(argv: list[str]) -> None:
             "--micro-batch-size",
             "2",
         ],
+        ["--runs", "3", "--offload-optimizer"],
     ],
 )
 def test_child_processes_get_every_option(argv: list[str]) -> None:
@@ -350,13 +351,27 @@ def test_table_shows_the_new_fields_and_the_profile() -> None:
     assert "| fused / chunked head |" in lines[5]
     assert "| 4096 x 4 | sdpa (cudnn_attention) | None |" in lines[1]
     assert "| fused / off | fp32 | - | 0.46 (0.424 / 0.036) |" in lines[1]
-    assert lines[1].endswith("| 0.299 | 31.3 (6.0) |")
+    assert lines[1].endswith("| 0.299 | 31.3 (6.0) |  | ? |")
     assert "| fused / native | bf16 | - |" in lines[2]
     assert "| fused / off | fp32 | 78 GiB |" in lines[3]
     assert lines[4] == "| 4b | out of memory: ... |"
     assert lines[6] == f"1b-fused GPU time by category: {ps.category_line(summary)}"
     assert lines[7] == "4b profile failed: X: y"
     assert len(lines) == 8
+    runs = bench.table_lines(
+        [_result(offload_optimizer=True, mfu_runs=[0.41, 0.4, 0.43], host={"cpu": "Xeon 8480+"})]
+    )
+    assert "| fp32 + offloaded optimizer |" in runs[1]
+    assert bench.grads_text({"grad_dtype": "fp32", "tp": 2, "gpus": 2}) == "fp32, TP2 on 2 GPUs"
+    assert runs[1].endswith("| 0.299 | 31.3 (6.0) | 0.410 0.400 0.430 | Xeon 8480+ |")
+
+
+def test_runs_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--runs", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tp", "2", "--models", "1b,4b"])
+    assert bench.parse_args([]).runs == 1 and not bench.parse_args([]).offload_optimizer
 
 
 def test_limit_text() -> None:

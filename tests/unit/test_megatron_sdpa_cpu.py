@@ -238,9 +238,19 @@ def test_refuses_unsupported_inputs(cpu_megatron: None) -> None:
     q = torch.randn(5, 1, 4, 32)
     kv = torch.randn(5, 1, 2, 32)
     assert attn(q, kv, kv, None).shape == (5, 1, 128)  # the supported case runs
-    packed = PackedSeqParams(qkv_format="thd")
-    with pytest.raises(NotImplementedError, match="packed sequences"):
-        attn(q, kv, kv, None, packed_seq_params=packed)
+    # Packed sequences (training.dynamicBatch) run in thd: [t, heads, hn], per-sequence causal.
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    thd = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=3, max_seqlen_kv=3
+    )
+    assert attn(q[:, 0], kv[:, 0], kv[:, 0], None, packed_seq_params=thd).shape == (5, 128)
+    with pytest.raises(NotImplementedError, match="packed qkv_format 'sbhd'"):
+        attn(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="sbhd"))
+    padded_cu = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=torch.tensor([0, 4, 8])
+    )
+    with pytest.raises(NotImplementedError, match="padded bounds differ"):
+        attn(q[:, 0], kv[:, 0], kv[:, 0], None, packed_seq_params=padded_cu)
     with pytest.raises(NotImplementedError, match="attention_bias"):
         attn(q, kv, kv, None, attention_bias=torch.zeros(1, 4, 5, 5))
     padding = torch.zeros(1, 1, 5, 5, dtype=torch.bool)
@@ -250,6 +260,22 @@ def test_refuses_unsupported_inputs(cpu_megatron: None) -> None:
         attn(q, kv, kv, padding, attn_mask_type=AttnMaskType.no_mask)
     with pytest.raises(NotImplementedError, match="causal attention with 1 queries over 5 keys"):
         attn(q[:1], kv, kv, None)
+
+
+def test_packed_sequences_attend_only_within_themselves(cpu_megatron: None) -> None:
+    """thd: each sequence's output is what it gets alone (causal, GQA), whatever is packed around it."""
+    attn = _attention()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, h, 32, generator=gen) for h in (4, 2, 2))
+    cu = torch.tensor([0, 2, 7, 8], dtype=torch.int32)
+    thd = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=5, max_seqlen_kv=5
+    )
+    out = attn(q, k, v, None, packed_seq_params=thd)
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        alone = attn(q[start:end, None], k[start:end, None], v[start:end, None], None)[:, 0]
+        torch.testing.assert_close(out[start:end], alone)
+    assert not torch.allclose(out[2:7], attn(q[:7, None], k[:7, None], v[:7, None], None)[2:7, 0])
 
 
 def test_unknown_attention_is_refused(cpu_megatron: None) -> None:

@@ -206,15 +206,13 @@ def test_prepare_names_every_unsupported_option() -> None:
     base = _spec()
     training = base.training.model_copy(  # model_copy skips validation: as a spec built in code
         update={
-            "dynamic_batch": base.training.dynamic_batch.model_copy(update={"enabled": True}),
-            "megatron_args": {"overlap-grad-reduce": ""},
+            "parallelism": base.training.parallelism.model_copy(update={"sequence_parallel": True}),
         }
     )
     algorithm = base.algorithm.model_copy(update={"advantage_estimator": "ppo"})
     spec = base.model_copy(update={"training": training, "algorithm": algorithm})
     names = unsupported_options(spec)
     assert any("advantageEstimator ppo" in n for n in names)
-    assert any("training.dynamicBatch" in n for n in names)
-    assert any("training.megatronArgs" in n for n in names)
+    assert any("training.parallelism.sequenceParallel" in n for n in names)
     with pytest.raises(RunError, match=r"not supported by this runtime yet: .*advantageEstimator ppo"):
         prepare(spec)

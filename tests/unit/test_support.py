@@ -73,11 +73,19 @@ def test_prepare_refuses_with_the_api_servers_message(case: Any) -> None:
 
 
 def test_unsupported_names_every_limit_a_spec_breaks() -> None:
-    doc = patched({"training": {"megatronArgs": {"x": "1"}, "dynamicBatch": {"enabled": True}}})
+    doc = patched(
+        {
+            "training": {
+                "backend": "torch",
+                "megatronArgs": {"overlap-grad-reduce": ""},
+                "parallelism": {"sequenceParallel": True},
+            }
+        }
+    )
     refused = support.unsupported(spec_skipping_root_rules(doc))
     assert [p.split(":")[0] for p in refused] == [
-        "spec.training.dynamicBatch.enabled",
         "spec.training.megatronArgs",
+        "spec.training.parallelism.sequenceParallel",
     ]
 
 

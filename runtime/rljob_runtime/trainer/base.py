@@ -10,6 +10,11 @@ Layout of a batch (``TrainBatch``), built from Samples:
 - alignment: response token j of sample i sits at ``input_ids[i, P_i + j]`` (P_i = prompt length)
   and its log-prob comes from the logits at position ``P_i + j - 1`` (the position that predicts
   it); ``logit_positions()`` gives those positions.
+- packed (``training.dynamicBatch``): ``TrainBatch.packed()`` lays a micro-batch's rows end to end
+  without padding, ``input_ids`` [1, N] (N = the sum of the rows' prompt + response lengths) with
+  positions restarting at 0 per row and ``cu_seqlens`` marking the rows' boundaries (attention never
+  crosses one); ``logit_index`` [b, T] is ``logit_positions()`` moved to each row's offset, so the
+  per-token tensors keep the [b, T] layout above.
 
 Sign conventions follow ``rljob_runtime.algo.losses``: losses are minimised; a positive advantage
 raises the log-prob of its tokens.
@@ -33,6 +38,9 @@ if TYPE_CHECKING:
     from ..data.sample import Sample
 
 Metrics = dict[str, float]
+# A micro-batch: rows of the batch it cuts, a slice (microBatchSize) or row indices (dynamicBatch's
+# token-budget micro-batches, not necessarily contiguous).
+Rows = slice | list[int]
 
 
 # ----------------------------------------------------------------------------------------- batches
@@ -90,12 +98,56 @@ class TrainBatch:
             rollout_logp=None if self.rollout_logp is None else self.rollout_logp[idx, :width],
         )
 
+    def sequence_lengths(self) -> list[int]:
+        """Prompt + response tokens of each row (what a packed micro-batch spends of its budget)."""
+        return [int(n) for n in self.prompt_lengths + self.response_lengths]
+
+    def packed(self) -> PackedInputs:
+        """The rows end to end without padding (the module docstring's packed layout)."""
+        lengths = self.prompt_lengths + self.response_lengths
+        ids = [self.input_ids[i, : int(n)] for i, n in enumerate(lengths)]
+        positions = [torch.arange(int(n), dtype=torch.long) for n in lengths]
+        cu = torch.zeros(self.size + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(lengths, 0)
+        return PackedInputs(
+            input_ids=torch.cat(ids)[None],
+            position_ids=torch.cat(positions)[None],
+            cu_seqlens=cu,
+            max_seqlen=int(lengths.max()),
+            logit_index=self.packed_logit_index(),
+        )
+
+    def packed_logit_index(self) -> torch.Tensor:
+        """[b, T] long: ``logit_positions()`` in the packed sequence (each row moved to its offset)."""
+        lengths = self.prompt_lengths + self.response_lengths
+        return (torch.cumsum(lengths, 0) - lengths)[:, None] + self.logit_positions()
+
     def to(self, device: torch.device | str) -> TrainBatch:
         moved = {
             name: (value.to(device) if isinstance(value, torch.Tensor) else value)
             for name, value in self.__dict__.items()
         }
         return replace(self, **moved)
+
+
+@dataclass
+class PackedInputs:
+    """A micro-batch packed into one sequence (``TrainBatch.packed``)."""
+
+    input_ids: torch.Tensor  # [1, N] long
+    position_ids: torch.Tensor  # [1, N] long, 0..n_i-1 per row
+    cu_seqlens: torch.Tensor  # [b + 1] int32: row i is tokens cu_seqlens[i]:cu_seqlens[i+1]
+    max_seqlen: int  # the longest row
+    logit_index: torch.Tensor  # [b, T] long: index along N of the logits predicting response token j
+
+    def to(self, device: torch.device | str) -> PackedInputs:
+        return PackedInputs(
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            cu_seqlens=self.cu_seqlens.to(device),
+            max_seqlen=self.max_seqlen,
+            logit_index=self.logit_index.to(device),
+        )
 
 
 def _row_index(rows: slice | Sequence[int], size: int) -> list[int]:
@@ -193,12 +245,27 @@ def loss_denominator(loss_mask: torch.Tensor, reduction: Reduction) -> float:
     return max(loss_count(loss_mask, reduction), 1.0)
 
 
-def step_counts(batch: TrainBatch, plan: Sequence[Sequence[slice]], reduction: Reduction) -> torch.Tensor:
+def step_rows(step: Sequence[Rows], size: int) -> list[int]:
+    """Every row of one optimizer step's micro-batches, ascending."""
+    return sorted(r for rows in step for r in _row_index(rows, size))
+
+
+def step_counts(batch: TrainBatch, plan: Sequence[Sequence[Rows]], reduction: Reduction) -> torch.Tensor:
     """This rank's ``loss_count`` per optimizer step of ``plan`` (float64: all-reduced into the
     global batches' denominators by the backend)."""
     return torch.tensor(
-        [loss_count(batch.loss_mask[s[0].start : s[-1].stop], reduction) for s in plan], dtype=torch.float64
+        [loss_count(batch.loss_mask[step_rows(s, batch.size)], reduction) for s in plan], dtype=torch.float64
     )
+
+
+def place_rows(parts: Sequence[tuple[Rows, torch.Tensor]], size: int, width: int) -> torch.Tensor:
+    """[size, width] float32 from per-micro-batch [b, <= width] results and the rows they belong to
+    (token-budget micro-batches are not in row order); columns past a part's width are 0."""
+    out = torch.zeros((size, width), dtype=torch.float32)
+    for rows, value in parts:
+        index = torch.tensor(_row_index(rows, size), dtype=torch.long)
+        out[index] = pad_columns(value.float().cpu(), width)
+    return out
 
 
 def mean_metrics(per_step: Sequence[Metrics]) -> Metrics:

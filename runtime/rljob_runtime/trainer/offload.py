@@ -201,12 +201,17 @@ class Offloadable:
         return {**self.gpu_memory(), "bytes": float(moved), "seconds": time.perf_counter() - started}
 
     def gpu_memory(self) -> dict[str, float]:
+        """GB allocated and reserved now, and the peak reserved since the previous call (each call
+        starts a new peak: the colocated turns read it after every phase)."""
         if self.device.type != "cuda":
-            return {"allocated_gb": 0.0, "reserved_gb": 0.0}
-        return {
+            return {"allocated_gb": 0.0, "reserved_gb": 0.0, "peak_reserved_gb": 0.0}
+        out = {
             "allocated_gb": torch.cuda.memory_allocated(self.device) / 1e9,
             "reserved_gb": torch.cuda.memory_reserved(self.device) / 1e9,
+            "peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 1e9,
         }
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return out
 
     def weights_resident(self) -> contextlib.AbstractContextManager[Any]:
         """The weights on the GPU for an export while the rest may stay off."""

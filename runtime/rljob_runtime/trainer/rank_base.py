@@ -1,5 +1,6 @@
 """What the torch and megatron ranks share: the rank's identity and schedule position, seeding, the
-rendezvous address, the micro-batch plan, and ``train``'s template (one optimizer step per global
+rendezvous address, the micro-batch plan (microBatchSize rows, or with training.dynamicBatch rows
+packed up to maxTokensPerGpu tokens: ``algo.packing``), and ``train``'s template (one optimizer step per global
 batch, each micro-batch's policy loss over the *global* batch's denominator, metrics averaged over
 the steps). A backend provides the optimizer step itself (``_optimizer_step``: its forward/backward
 and optimizer), how a step's loss counts are summed over its data-parallel ranks (``_sum_over_dp``)
@@ -20,9 +21,18 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from ..algo.batching import steps_per_rollout
 from ..algo.losses import policy_loss
+from ..algo.packing import plan_micro_batches
 from ..models import model_on_this_node
 from ..net import free_port, node_ip
-from .base import Metrics, TrainBatch, check_policy_inputs, local_plan, mean_metrics, step_counts
+from .base import (
+    Metrics,
+    Rows,
+    TrainBatch,
+    check_policy_inputs,
+    local_plan,
+    mean_metrics,
+    step_counts,
+)
 from .offload import Offloadable
 from .weight_source import WeightSource
 
@@ -80,13 +90,36 @@ class TrainerRankBase(Offloadable, WeightSource):
     def set_seed(self, seed: int) -> None:
         set_seed(seed)
 
-    def _plan(self, size: int) -> list[list[slice]]:
-        """``train``'s micro-batches of ``size`` rows (``logprobs`` uses the same, so that a first step is
-        bit-for-bit on-policy); a size that is no whole number of steps is cut into micro-batches only."""
+    @property
+    def packing(self) -> bool:
+        """training.dynamicBatch: micro-batches packed by token count (``TrainBatch.packed``)."""
+        return self.spec.training.dynamic_batch.enabled
+
+    def _plan(self, batch: TrainBatch, *, strict: bool = False) -> list[list[Rows]]:
+        """The micro-batches of ``batch``'s rows per optimizer step (each step is this rank's share of a
+        global batch, in order). ``logprobs`` and ``train`` use the same plan, so that a first step is
+        bit-for-bit on-policy. A size that is no whole number of steps (``strict``: refused) is one
+        step's worth of micro-batches."""
+        size = batch.size
         per_rank = self.spec.training.global_batch_size // self.dp_size
+        dyn = self.spec.training.dynamic_batch
+        whole = size % per_rank == 0
+        if strict and not whole:
+            raise ValueError(f"{size} rows do not split into steps of {per_rank}")
+        if dyn.enabled:
+            lengths = batch.sequence_lengths()
+            starts = range(0, size, per_rank) if whole else [0]
+            width = per_rank if whole else size
+            return [
+                [
+                    [start + i for i in mb]
+                    for mb in plan_micro_batches(lengths[start : start + width], dyn.max_tokens_per_gpu)
+                ]
+                for start in starts
+            ]
         mbs = self.spec.training.micro_batch_size
-        if size % per_rank == 0 and per_rank % mbs == 0:
-            return local_plan(size, per_rank, mbs)
+        if strict or (whole and per_rank % mbs == 0):
+            return [list[Rows](step) for step in local_plan(size, per_rank, mbs)]
         return [[slice(i, min(i + mbs, size)) for i in range(0, size, mbs)]]
 
     # ------------------------------------------------------------------------------- training
@@ -104,7 +137,8 @@ class TrainerRankBase(Offloadable, WeightSource):
     ) -> Metrics:
         """This rank's share of a rollout: its rows of every global batch, in order (``rank_rows``).
 
-        Takes one optimizer step per global batch, over micro-batches of microBatchSize rows.
+        Takes one optimizer step per global batch, over micro-batches of microBatchSize rows (or with
+        training.dynamicBatch packed up to maxTokensPerGpu tokens).
         ``denominators``: per step, the global batch's loss denominator (``loss_denominator``);
         computed here with an all-reduce when not given. ``values`` (from ``logprobs``) and
         ``returns`` train the critic (ppo: required). Returns metrics averaged over the steps,
@@ -113,9 +147,7 @@ class TrainerRankBase(Offloadable, WeightSource):
         self._require_resident("train")
         spec = self.spec
         algo = spec.algorithm
-        plan = local_plan(
-            batch.size, spec.training.global_batch_size // self.dp_size, spec.training.micro_batch_size
-        )
+        plan = self._plan(batch, strict=True)
         advantages, old_logp, ref_logp = check_policy_inputs(
             batch, advantages, old_logp, ref_logp, algo.use_kl_loss
         )
@@ -141,7 +173,7 @@ class TrainerRankBase(Offloadable, WeightSource):
     def _micro_batch_loss(
         self,
         mb: TrainBatch,
-        rows: slice,
+        rows: Rows,
         logp: torch.Tensor,
         entropy: torch.Tensor | None,
         advantages: torch.Tensor,
@@ -172,7 +204,7 @@ class TrainerRankBase(Offloadable, WeightSource):
     def _optimizer_step(
         self,
         batch: TrainBatch,
-        micro_batches: list[slice],
+        micro_batches: list[Rows],
         advantages: torch.Tensor,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None,
@@ -195,7 +227,7 @@ class TrainerRankBase(Offloadable, WeightSource):
     def _critic_step(
         self,
         batch: TrainBatch,
-        micro_batches: list[slice],
+        micro_batches: list[Rows],
         old_values: torch.Tensor,
         returns: torch.Tensor,
         denominator: float,

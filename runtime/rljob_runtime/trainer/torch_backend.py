@@ -10,6 +10,11 @@ On CPU: float32, gloo, one intra-op thread per rank. On CUDA: nccl, float32 mast
 optimizer state with the forward under autocast in spec.model.dtype (bfloat16: no loss scaling is
 done, so float16 may underflow; prefer bfloat16); log-probs are always computed in float32.
 
+training.dynamicBatch packs a micro-batch's rows into one sequence without padding (``TrainBatch.packed``):
+position ids restart at 0 per row and no attention mask is passed, from which transformers' masking
+(``masking_utils.find_packed_sequence_indices``, transformers >= 4.56) builds the block-causal mask, so
+no token attends across rows: log-probs and gradients are those of the padded computation.
+
 advantageEstimator ppo adds a critic (``critic.py``): values before training (``logprobs``), then
 after each policy optimizer step a critic step on the same micro-batches with the clipped value
 loss, its own AdamW at algorithm.critic.lr, gradients all-reduced like the policy's.
@@ -35,7 +40,7 @@ from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.logprobs import entropy_from_logits, token_logprobs
 from ..algo.losses import value_loss
-from .base import LogProbs, Metrics, TrainBatch, check_per_token, lr_at, pad_columns
+from .base import LogProbs, Metrics, PackedInputs, Rows, TrainBatch, check_per_token, lr_at, place_rows
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
 from .offload import Group, grads, module_tensors, optimizer_tensors
 from .rank_base import SUMMED_METRICS, TrainerRankBase, needs_reference, set_seed
@@ -97,10 +102,6 @@ class TorchTrainerRank(TrainerRankBase):
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        if spec.training.dynamic_batch.enabled:
-            raise NotImplementedError(
-                "training.dynamicBatch is not implemented by the torch backend; use microBatchSize"
-            )
         super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
         # Ray exposes this rank's GPU as the only visible one: cuda:0.
         self.device = torch.device("cuda:0" if spec.resources.device == "cuda" else "cpu")
@@ -203,6 +204,23 @@ class TorchTrainerRank(TrainerRankBase):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[b, T] log-probs of the response tokens under ``model`` (logits / temperature), and their
         entropy: ``entropy`` "grad" (differentiable), "metric" (no graph) or None (not computed)."""
+        if self.packing:
+            logits = self._packed_logits(model, batch.packed().to(self.device))
+        else:
+            logits = self._padded_logits(model, batch)
+        valid = batch.response_mask().to(self.device) > 0  # 0 past each response: no stray values there
+        logp = token_logprobs(logits, batch.response_ids.to(self.device), self.temperature)
+        logp = torch.where(valid, logp, 0.0)
+        ent = None
+        if entropy == "grad":
+            ent = torch.where(valid, entropy_from_logits(logits, self.temperature), 0.0)
+        elif entropy == "metric":
+            with torch.no_grad():
+                ent = torch.where(valid, entropy_from_logits(logits.detach(), self.temperature), 0.0)
+        return logp, ent
+
+    def _padded_logits(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """[b, T, V] logits predicting the response tokens, from the right-padded rows."""
         positions = batch.logit_positions().to(self.device)
         first = int(batch.prompt_lengths.min()) - 1
         kwargs: dict[str, Any] = {}
@@ -218,27 +236,38 @@ class TorchTrainerRank(TrainerRankBase):
                 **kwargs,
             )
         rows = torch.arange(batch.size, device=self.device)[:, None]
-        logits = out.logits[rows, positions - first]  # [b, T, V]
-        valid = batch.response_mask().to(self.device) > 0  # 0 past each response: no stray values there
-        logp = token_logprobs(logits, batch.response_ids.to(self.device), self.temperature)
-        logp = torch.where(valid, logp, 0.0)
-        ent = None
-        if entropy == "grad":
-            ent = torch.where(valid, entropy_from_logits(logits, self.temperature), 0.0)
-        elif entropy == "metric":
-            with torch.no_grad():
-                ent = torch.where(valid, entropy_from_logits(logits.detach(), self.temperature), 0.0)
-        return logp, ent
+        return out.logits[rows, positions - first]
+
+    def _packed_logits(self, model: torch.nn.Module, packed: PackedInputs) -> torch.Tensor:
+        """[b, T, V] logits predicting the response tokens, from the rows packed end to end. No
+        attention mask: transformers then reads the row boundaries from the restarting position ids
+        (a mask would switch that detection off)."""
+        kwargs: dict[str, Any] = {}
+        index = packed.logit_index
+        if self._logits_to_keep:  # the LM head only where a response token is predicted
+            keep, index = torch.unique(packed.logit_index, return_inverse=True)
+            kwargs["logits_to_keep"] = keep
+        with self._autocast():
+            out = model(
+                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs
+            )
+        return out.logits[0, index]
 
     def _values(self, batch: TrainBatch) -> torch.Tensor:
         """[b, T] float32 critic values before each response token; 0 past each response."""
         assert self.critic is not None
-        inputs = {
-            "input_ids": batch.input_ids.to(self.device),
-            "attention_mask": batch.attention_mask.to(self.device),
-        }
         with self._autocast():
-            values = token_values(self.critic, inputs, batch.logit_positions().to(self.device))
+            if self.packing:
+                packed = batch.packed().to(self.device)
+                inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids}
+                flat = token_values(self.critic, inputs, packed.logit_index.reshape(1, -1))
+                values = flat.reshape(packed.logit_index.shape)
+            else:
+                inputs = {
+                    "input_ids": batch.input_ids.to(self.device),
+                    "attention_mask": batch.attention_mask.to(self.device),
+                }
+                values = token_values(self.critic, inputs, batch.logit_positions().to(self.device))
         return torch.where(batch.response_mask().to(self.device) > 0, values, 0.0)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -257,29 +286,35 @@ class TorchTrainerRank(TrainerRankBase):
         self.model.eval()
         if self.critic is not None:
             self.critic.eval()
+        logp: list[tuple[Rows, torch.Tensor]] = []
+        ref: list[tuple[Rows, torch.Tensor]] = []
+        ent: list[tuple[Rows, torch.Tensor]] = []
+        values: list[tuple[Rows, torch.Tensor]] = []
         try:
-            logp, ref, ent, values = [], [], [], []
-            for step in self._plan(batch.size):
+            for step in self._plan(batch):
                 for rows in step:
                     mb = batch.select(rows)
                     lp, e = self._forward(self.model, mb, entropy="metric")
-                    logp.append(pad_columns(lp.float().cpu(), batch.width))
+                    logp.append((rows, lp))
                     assert e is not None  # entropy="metric" computes it
-                    ent.append(pad_columns(e.float().cpu(), batch.width))
+                    ent.append((rows, e))
                     if self.ref_model is not None:
-                        r, _ = self._forward(self.ref_model, mb, entropy=None)
-                        ref.append(pad_columns(r.float().cpu(), batch.width))
+                        ref.append((rows, self._forward(self.ref_model, mb, entropy=None)[0]))
                     if self.critic is not None:
-                        values.append(pad_columns(self._values(mb).cpu(), batch.width))
+                        values.append((rows, self._values(mb)))
         finally:
             self.model.train()
             if self.critic is not None:
                 self.critic.train()
+
+        def place(parts: list[tuple[Rows, torch.Tensor]]) -> torch.Tensor:
+            return place_rows(parts, batch.size, batch.width)
+
         return LogProbs(
-            torch.cat(logp),
-            torch.cat(ref) if ref else None,
-            torch.cat(ent),
-            torch.cat(values) if values else None,
+            place(logp),
+            place(ref) if ref else None,
+            place(ent),
+            place(values) if values else None,
         )
 
     # ------------------------------------------------------------------------------- training
@@ -296,7 +331,7 @@ class TorchTrainerRank(TrainerRankBase):
     def _optimizer_step(
         self,
         batch: TrainBatch,
-        micro_batches: list[slice],
+        micro_batches: list[Rows],
         advantages: torch.Tensor,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None,
@@ -322,7 +357,7 @@ class TorchTrainerRank(TrainerRankBase):
     def _critic_step(
         self,
         batch: TrainBatch,
-        micro_batches: list[slice],
+        micro_batches: list[Rows],
         old_values: torch.Tensor,
         returns: torch.Tensor,
         denominator: float,

@@ -2,8 +2,9 @@
 
 All three supported architectures are Llama-like decoders with the same HF weight names: RMSNorm,
 SwiGLU MLP, grouped-query attention, RoPE. They differ in qkv bias (Qwen2), qk-norm (Qwen3) and
-whether the LM head is tied to the embedding. Anything outside that (other biases, sliding window,
-RoPE scaling, other activations) is refused by name rather than silently converted wrong.
+whether the LM head is tied to the embedding, and in RoPE scaling: none, Llama 3.1+'s "llama3" or
+"linear" (``rope.py`` computes the frequencies). Anything outside that (other biases, sliding window,
+other RoPE types, other activations) is refused by name rather than silently converted wrong.
 """
 
 from __future__ import annotations
@@ -13,10 +14,26 @@ from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# RoPE types (transformers' rope_type) whose frequencies rope.py reproduces; "default" is no scaling.
+# dynamic / yarn / longrope change with the sequence length or scale the attention: not built here.
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 class UnsupportedModelError(ValueError):
     """An HF model the megatron backend cannot build (architecture or feature)."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """transformers' RoPE scaling of the inverse frequencies ("llama3": Llama 3.1+'s by wavelength band;
+    "linear": all divided by ``factor``; the other fields are llama3's only)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,7 @@ class ModelShape:
     rope_theta: float
     norm_eps: float
     max_position_embeddings: int
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE (rope_type "default")
 
     @property
     def heads_per_group(self) -> int:
@@ -74,19 +92,47 @@ def _architecture(cfg: Mapping[str, Any]) -> str:
     return arch
 
 
-def _rope_theta(cfg: Mapping[str, Any]) -> float:
+def _rope_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
     # transformers 5 keeps RoPE settings in rope_parameters; 4.x in rope_theta / rope_scaling.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
+    params = dict(cfg.get("rope_parameters") or {})
+    params.update({k: v for k, v in (cfg.get("rope_scaling") or {}).items() if v is not None})
+    if "rope_type" not in params and "type" in params:  # older configs: rope_scaling.type
+        params["rope_type"] = params["type"]
+    params.setdefault("rope_theta", cfg.get("rope_theta"))
+    return params
+
+
+def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """rope_theta and the scaling, refused by name when rope.py cannot reproduce transformers'."""
+    params = _rope_params(cfg)
+    rope_type = str(params.get("rope_type") or "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
-            f"RoPE type {rope_type!r} is not supported by the megatron backend (only 'default')"
+            f"RoPE type {rope_type!r} is not supported by the megatron backend "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    theta = params.get("rope_theta", cfg.get("rope_theta"))
-    if theta is None:
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor {params['partial_rotary_factor']} is not supported by the megatron "
+            "backend (RoPE over the whole head only)"
+        )
+    if params.get("rope_theta") is None:
         raise UnsupportedModelError("the HF config has no rope_theta (rope_parameters.rope_theta)")
-    return float(theta)
+    theta = float(params["rope_theta"])
+    if rope_type == "default":
+        return theta, None
+    needed = _LLAMA3_KEYS if rope_type == "llama3" else ("factor",)
+    missing = [k for k in needed if params.get(k) is None]
+    if missing:
+        raise UnsupportedModelError(f"RoPE type {rope_type!r} without {', '.join(missing)} in the HF config")
+    if rope_type == "linear":
+        return theta, RopeScaling("linear", float(params["factor"]))
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    if high <= low:  # transformers divides by high - low
+        raise UnsupportedModelError(f"llama3 RoPE with high_freq_factor {high} <= low_freq_factor {low}")
+    return theta, RopeScaling(
+        "llama3", float(params["factor"]), low, high, int(params["original_max_position_embeddings"])
+    )
 
 
 def _refuse(cond: bool, arch: str, what: str) -> None:
@@ -112,6 +158,7 @@ def model_shape(config: Any) -> ModelShape:
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    rope_theta, rope_scaling = _rope(cfg)
     if heads % kv_heads:
         raise UnsupportedModelError(
             f"{arch}: {heads} attention heads are not a multiple of {kv_heads} KV heads"
@@ -128,7 +175,8 @@ def model_shape(config: Any) -> ModelShape:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch == "Qwen2ForCausalLM",
         qk_norm=arch == "Qwen3ForCausalLM",
-        rope_theta=_rope_theta(cfg),
+        rope_theta=rope_theta,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        rope_scaling=rope_scaling,
     )

@@ -5,14 +5,25 @@ fused attention (O(s) memory, no score matrix); elsewhere it falls back to torch
 
 Same constructor and forward signatures as ``DotProductAttention``; the layer spec swaps it in as
 ``self_attention.submodules.core_attention`` (``model.build_gpt_model(attention="sdpa")``).
-What it does not do (packed sequences, attention bias, explicit non-causal masks, dropout, sliding
-windows, softmax offsets, context parallelism, QK-clip) it refuses by name instead of computing
-something else.
+Packed sequences (``packed_seq_params`` with qkv_format "thd", training.dynamicBatch): query [t, np, hn]
+and key/value [t, ng, hn] hold several sequences end to end, bounded by ``cu_seqlens``; each attends
+causally to itself only. On CUDA in fp16/bf16 that is one ``torch.nn.attention.varlen.varlen_attn``
+call (FlashAttention's varlen kernel, torch >= 2.10; its keyword for causal attention changed between
+releases, so it is read from the signature); elsewhere (CPU, fp32, an older torch) one SDPA call per
+sequence.
+
+What it does not do (attention bias, explicit non-causal masks, dropout, sliding windows, softmax
+offsets, context parallelism, QK-clip, packed sequences padded for CP) it refuses by name instead of
+computing something else.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +50,58 @@ def native_gqa(query: torch.Tensor) -> bool:
     K/V is the cheaper way and the same one ``DotProductAttention`` takes.
     """
     return SDPA_HAS_ENABLE_GQA and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _varlen_attn() -> tuple[Callable[..., torch.Tensor], frozenset[str]] | None:
+    """torch's varlen attention and its keyword names, or None where torch has none that can be told
+    to be causal (``window_size=(-1, 0)`` in recent releases, ``is_causal`` in the first)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = frozenset(inspect.signature(varlen_attn).parameters)
+    if not params & {"window_size", "is_causal"}:
+        return None
+    fn: Callable[..., torch.Tensor] = varlen_attn  # type: ignore[assignment]  # without return_aux: a tensor
+    return fn, params
+
+
+def varlen_causal(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """Causal attention of each packed sequence with the varlen kernel ([t, heads, hn] in and out), or
+    None where it does not run (CPU, fp32, no usable ``varlen_attn``, a scale it cannot take)."""
+    found = _varlen_attn()
+    if found is None or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    fn, params = found
+    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif not math.isclose(scale, 1.0 / math.sqrt(query.size(-1))):
+        return None
+    if key.size(1) != query.size(1):
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            key, value = _repeat_kv(key, value, query.size(1), dim=1)
+    cu = cu_seqlens.to(device=query.device, dtype=torch.int32)
+    return fn(query, key, value, cu, cu, max_seqlen, max_seqlen, **kwargs)
+
+
+def _repeat_kv(
+    key: torch.Tensor, value: torch.Tensor, heads: int, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV groups repeated for their query heads: query head i reads group i // (heads / groups), as
+    DotProductAttention's repeat."""
+    groups = key.size(dim)
+    return key.repeat_interleave(heads // groups, dim=dim), value.repeat_interleave(heads // groups, dim=dim)
 
 
 class SdpaAttention(MegatronModule):
@@ -118,12 +181,13 @@ class SdpaAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: PackedSeqParams | None = None,
     ) -> torch.Tensor:
-        """[sq, b, np, hn] queries, [sk, b, ng, hn] keys/values -> [sq, b, np * hn]."""
-        if packed_seq_params is not None:
-            raise NotImplementedError("SdpaAttention: packed sequences (packed_seq_params / THD format)")
+        """[sq, b, np, hn] queries, [sk, b, ng, hn] keys/values -> [sq, b, np * hn]; packed: [t, np, hn],
+        [t, ng, hn] -> [t, np * hn]."""
         if attention_bias is not None:
             raise NotImplementedError("SdpaAttention: attention_bias")
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, attention_mask, mask_type, packed_seq_params)
         sq, b, np_, hn = query.shape
         sk = key.size(0)
         if mask_type == AttnMaskType.causal:
@@ -153,19 +217,58 @@ class SdpaAttention(MegatronModule):
 
         # [s, b, heads, hn] -> [b, heads, s, hn]: views (last dim stays contiguous, which is all the
         # flash/cuDNN kernels ask of the strides).
-        q = query.permute(1, 2, 0, 3)
-        k = key.permute(1, 2, 0, 3)
-        v = value.permute(1, 2, 0, 3)
-        kwargs: dict[str, Any] = {}
-        groups = k.size(1)
-        if groups != np_:
-            if native_gqa(q):
-                kwargs["enable_gqa"] = True
-            else:  # query head i reads KV group i // (np / ng), as DotProductAttention's repeat
-                k = k.repeat_interleave(np_ // groups, dim=1)
-                v = v.repeat_interleave(np_ // groups, dim=1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=0.0, is_causal=is_causal, scale=self.softmax_scale, **kwargs
+        out = self._sdpa(
+            query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), is_causal
         )
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+        """SDPA of [b, np, s, hn] queries over [b, ng, s, hn] keys/values."""
+        kwargs: dict[str, Any] = {}
+        if k.size(1) != q.size(1):
+            if native_gqa(q):
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = _repeat_kv(k, v, q.size(1), dim=1)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=0.0, is_causal=is_causal, scale=self.softmax_scale, **kwargs
+        )
+
+    def _packed(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        mask_type: AttnMaskType,
+        params: PackedSeqParams,
+    ) -> torch.Tensor:
+        """Causal attention within each packed sequence: [t, np, hn] queries -> [t, np * hn]."""
+        if params.qkv_format != "thd":
+            raise NotImplementedError(f"SdpaAttention: packed qkv_format {params.qkv_format!r} (only 'thd')")
+        if mask_type != AttnMaskType.causal or attention_mask is not None:
+            raise NotImplementedError(
+                f"SdpaAttention: packed sequences with attention mask type {mask_type.name}"
+                f"{' and a mask' if attention_mask is not None else ''} (only causal, without a mask)"
+            )
+        cu = params.cu_seqlens_q
+        padded = (params.cu_seqlens_q_padded, params.cu_seqlens_kv_padded)
+        if any(p is not None and not torch.equal(p, cu) for p in padded) or not torch.equal(
+            params.cu_seqlens_kv, cu
+        ):
+            raise NotImplementedError(
+                "SdpaAttention: packed sequences whose key bounds or padded bounds differ from the query "
+                "bounds (cross-attention, context-parallel padding)"
+            )
+        t, np_, hn = query.shape
+        out = varlen_causal(query, key, value, cu, int(params.max_seqlen_q), self.softmax_scale)
+        if out is None:
+            bounds = cu.tolist()
+            parts = []
+            for start, end in itertools.pairwise(bounds):
+                # [n, heads, hn] -> [1, heads, n, hn]
+                q, k, v = (x[start:end].transpose(0, 1)[None] for x in (query, key, value))
+                parts.append(self._sdpa(q, k, v, is_causal=True)[0].transpose(0, 1))
+            out = torch.cat(parts)
+        return out.reshape(t, np_ * hn)

@@ -16,11 +16,16 @@ weights (policy and reference) come from that torch_dist checkpoint instead of m
 Adam: torch's AdamW (megatron-core's choice without TE/apex), switched to its fused kernel on GPU
 (``fusions.use_fused_adam``). Model fusions (``fusions.FUSIONS``: compiled SwiGLU, RMSNorm and RoPE,
 gradient-accumulation fusion) are opt-in through the ``fusions`` argument; none by default.
-Not yet: the ppo critic, dynamic batching, context parallelism (``checks.py`` refuses them).
+Dynamic batching (``training.dynamicBatch``): packed micro-batches through megatron-core's "thd"
+packed-sequence parameters (``schedule.py``, ``attention.py``). ``training.offloadOptimizer``: the
+optimizer state streamed from host memory (``optimizer_offload.py``); ``memory_plan.py`` refuses a
+layout that cannot fit the GPU before anything is built. ``training.megatronArgs``: an allow-list
+(``megatron_args.py``). Not yet: the ppo critic, context parallelism (``checks.py`` refuses them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Callable, Iterable
@@ -68,6 +73,7 @@ class MegatronTrainerRank(TrainerRankBase):
         if spec.model.megatron_checkpoint is not None:  # its tensors are checked when loaded (_build)
             find_dist_checkpoint(spec.model.megatron_checkpoint)
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
+        self.memory_estimate = self._check_memory()
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
         # Names from fusions.FUSIONS for the policy and reference models (model.build_gpt_model).
         self.fusions = frozenset(fusions)
@@ -77,10 +83,24 @@ class MegatronTrainerRank(TrainerRankBase):
             check_fusions(self.fusions)
         self.model: Any = None
         self.ref_model: Any = None
+        self.optimizer_offload: Any = None  # optimizer_offload.OptimizerStateOffload with offloadOptimizer
 
     @property
     def dp_size(self) -> int:
         return self.par.dp
+
+    def _check_memory(self) -> Any:
+        """Refuse a layout that cannot fit this rank's GPU (``memory_plan``), before anything is built;
+        None without a GPU (CPU smoke tests)."""
+        if not torch.cuda.is_available():
+            return None
+        from .memory_plan import check_fits
+
+        index = int(os.environ.get("LOCAL_RANK", "0"))  # the GPU init_process_group takes
+        gpu_bytes = torch.cuda.get_device_properties(index).total_memory
+        estimate = check_fits(self.shape, self.spec, self.par, gpu_bytes)
+        print(f"megatron rank {self.rank}: estimated GPU memory {estimate.summary()}", flush=True)
+        return estimate
 
     # ----------------------------------------------------------------------------- distributed
 
@@ -126,22 +146,31 @@ class MegatronTrainerRank(TrainerRankBase):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from .fusions import use_fused_adam
+        from .megatron_args import overrides as megatron_overrides
         from .model import build_gpt_model, init_model_parallel
 
         spec = self.spec
         set_seed(spec.training.seed)
         init_model_parallel(self.par, spec.training.seed)
         recompute: Literal["full"] | None = "full" if spec.training.recompute_activations else None
+        extra = megatron_overrides(spec.training.megatron_args)  # checked by check_megatron already
         model = build_gpt_model(
-            self.shape, self.par, dtype=self.dtype, recompute=recompute, fusions=self.fusions
+            self.shape,
+            self.par,
+            dtype=self.dtype,
+            recompute=recompute,
+            fusions=self.fusions,
+            config_overrides=extra.transformer,
         )
         # Before the optimizer copies its main params (and DDP its param buffer) from the model.
         initial = self._initial_weights()
         initial(model)
-        ddp = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            use_distributed_optimizer=self.distributed_optimizer,
+        ddp = extra.ddp_config(
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=self.distributed_optimizer,
+            )
         )
         self.model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
         opt = spec.training.optimizer
@@ -167,10 +196,17 @@ class MegatronTrainerRank(TrainerRankBase):
             # torch's foreach AdamW keeps fp32 temporaries of the whole shard (a 4b's step spikes past
             # an 80 GB GPU) and is slower; fused is the same update in one kernel per dtype group.
             use_fused_adam(self.optimizer)
+        if spec.training.offload_optimizer:
+            from .optimizer_offload import OptimizerStateOffload
+
+            # After the fused switch (the update it streams is that one) and before any step.
+            self.optimizer_offload = OptimizerStateOffload(self.optimizer).install()
         config = model.config
         config.finalize_model_grads_func = finalize_model_grads  # DP grad all-reduce, tied-embedding sync
         config.grad_scale_func = self.optimizer.scale_loss
         config.no_sync_func = self.model.no_sync
+        if ddp.overlap_grad_reduce:  # megatronArgs overlap-grad-reduce: as Megatron-LM's training loop
+            config.grad_sync_func = self.model.start_grad_sync
         if needs_reference(spec):
             # Same fusions but wgrad, which only matters in backward (the reference model has none).
             ref = build_gpt_model(self.shape, self.par, dtype=self.dtype, fusions=self.fusions - {"wgrad"})
@@ -197,13 +233,19 @@ class MegatronTrainerRank(TrainerRankBase):
     def logprobs(self, batch: TrainBatch) -> LogProbs:
         """Log-probs, reference log-probs and entropy of this rank's rows, [B, T] on CPU, over exactly
         the micro-batches ``train`` uses (a first on-policy step then has ppo_kl == 0)."""
+        from ..base import place_rows
+
         self._require_resident("logprobs")
-        mbs = [batch.select(rows) for step in self._plan(batch.size) for rows in step]
+        plan = [rows for step in self._plan(batch) for rows in step]
+        mbs = [batch.select(rows) for rows in plan]
+        packed = self.packing
 
         def collect(
             mb: TrainBatch, logits: torch.Tensor, entropy: str | None
         ) -> tuple[torch.Tensor, dict[str, Any]]:
-            logp, ent = token_stats(logits, mb, self.shape.vocab_size, self.temperature, entropy)
+            logp, ent = token_stats(
+                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed
+            )
             out = {"logp": pad_columns(logp.float().cpu(), batch.width)}
             if ent is not None:
                 out["entropy"] = pad_columns(ent.float().cpu(), batch.width)
@@ -217,6 +259,7 @@ class MegatronTrainerRank(TrainerRankBase):
                 partial(swap_entropy, collect, "metric"),
                 forward_only=True,
                 device=self.device,
+                packed=packed,
             )
             ref = None
             if self.ref_model is not None:
@@ -226,14 +269,22 @@ class MegatronTrainerRank(TrainerRankBase):
                     partial(swap_entropy, collect, None),
                     forward_only=True,
                     device=self.device,
+                    packed=packed,
                 )
         finally:
             self.model.train()
         policy, ref = from_last_stage((policy, ref), self.par.pp)
+
+        def place(results: list[dict[str, Any]], key: str) -> torch.Tensor:
+            # Micro-batches are in plan order, which token-budget micro-batches do not keep for rows.
+            return place_rows(
+                list(zip(plan, (d[key] for d in results), strict=True)), batch.size, batch.width
+            )
+
         return LogProbs(
-            logp=torch.cat([d["logp"] for d in policy]),
-            ref_logp=None if ref is None else torch.cat([d["logp"] for d in ref]),
-            entropy=torch.cat([d["entropy"] for d in policy]),
+            logp=place(policy, "logp"),
+            ref_logp=None if ref is None else place(ref, "logp"),
+            entropy=place(policy, "entropy"),
         )
 
     # ------------------------------------------------------------------------------- training
@@ -248,7 +299,7 @@ class MegatronTrainerRank(TrainerRankBase):
     def _optimizer_step(
         self,
         batch: TrainBatch,
-        micro_batches: list[slice],
+        micro_batches: list[slice | list[int]],
         advantages: torch.Tensor,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None,
@@ -262,8 +313,14 @@ class MegatronTrainerRank(TrainerRankBase):
         scale = float(len(micro_batches) * self.par.dp)
         sums: dict[str, torch.Tensor] = {}
 
-        def loss_fn(rows: slice, mb: TrainBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            logp, ent = token_stats(logits, mb, self.shape.vocab_size, self.temperature, entropy)
+        packed = self.packing
+
+        def loss_fn(
+            rows: slice | list[int], mb: TrainBatch, logits: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, Any]]:
+            logp, ent = token_stats(
+                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed
+            )
             loss, metrics, mask = self._micro_batch_loss(
                 mb, rows, logp, ent, advantages, old_logp, ref_logp, denominator
             )
@@ -280,6 +337,7 @@ class MegatronTrainerRank(TrainerRankBase):
             lambda mb, logits: loss_fn(next(row_iter), mb, logits),
             forward_only=False,
             device=self.device,
+            packed=packed,
         )
         lr = lr_at(self.step, self.spec.training.optimizer, self.total_steps)
         for group in self.optimizer.param_groups:
@@ -363,9 +421,10 @@ class MegatronTrainerRank(TrainerRankBase):
         def export() -> None:
             ckpt.write_hf_model(named, self.model_path, ckpt.model_dir(path))
 
-        dcp.save_trainer_state(
-            ckpt.dist_dir(path), self.model, self.optimizer, common, rank_zero_files=export
-        )
+        with self._optimizer_state_resident():
+            dcp.save_trainer_state(
+                ckpt.dist_dir(path), self.model, self.optimizer, common, rank_zero_files=export
+            )
 
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint at this run's layout, whatever layout saved it: weights, fp32
@@ -377,7 +436,10 @@ class MegatronTrainerRank(TrainerRankBase):
         from . import checkpoint as ckpt
         from . import dist_checkpoint as dcp
 
-        state = dcp.load_trainer_state(ckpt.find_dist_checkpoint(path), self.model, self.optimizer)["rljob"]
+        with self._optimizer_state_resident():
+            state = dcp.load_trainer_state(ckpt.find_dist_checkpoint(path), self.model, self.optimizer)[
+                "rljob"
+            ]
         self.step = int(state["step"])
         rng, tracker_applies, _ = ckpt.pick_rng(
             state["rng"], state["layout"], self._saved_layout(), self.layout()
@@ -386,6 +448,12 @@ class MegatronTrainerRank(TrainerRankBase):
         if tracker_applies and tracker:
             tensor_parallel.get_cuda_rng_tracker().set_states(tracker)
         dist.barrier()
+
+    def _optimizer_state_resident(self) -> contextlib.AbstractContextManager[Any]:
+        """With offloadOptimizer, the whole optimizer state on the GPU while a checkpoint reads or
+        writes it (it lives in host memory between steps)."""
+        offload = self.optimizer_offload
+        return offload.resident() if offload is not None else contextlib.nullcontext()
 
     def _saved_layout(self) -> dict[str, int]:
         return {"world_size": self.world_size, "tp": self.par.tp, "pp": self.par.pp, "dp": self.par.dp}

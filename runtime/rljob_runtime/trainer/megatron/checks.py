@@ -16,6 +16,7 @@ from rljob_api.spec import RLTrainingJobSpec, trainer_gpus
 from rljob_api.support import unsupported
 
 from .arch import ModelShape, model_shape
+from .megatron_args import check_megatron_args
 from .parallel import Parallelism, validate_parallelism
 
 
@@ -39,7 +40,8 @@ def check_layout(
 ) -> tuple[ModelShape, Parallelism]:
     """The model's shape and its layout on ``gpus`` (default: the trainer's GPUs); ValueError naming
     the numbers when the architecture is not supported, the sizes do not divide heads / layers / GPUs,
-    or a global batch does not split over the data-parallel ranks."""
+    training.megatronArgs do not parse or fit the model (``megatron_args``), or a global batch does not
+    split over the data-parallel ranks."""
     shape = model_shape(hf_config)
     par_spec = spec.training.parallelism
     par = validate_parallelism(
@@ -49,7 +51,14 @@ def check_layout(
         cp=par_spec.context,
         gpus=trainer_gpus(spec) if gpus is None else gpus,
     )
+    check_megatron_args(
+        spec.training.megatron_args,
+        recompute_activations=spec.training.recompute_activations,
+        layers_per_stage=shape.num_layers // par.pp,
+    )
     gbs, mbs = spec.training.global_batch_size, spec.training.micro_batch_size
+    if spec.training.dynamic_batch.enabled:  # token-budget micro-batches: microBatchSize is ignored
+        mbs = 1
     if gbs % par.dp or (gbs // par.dp) % mbs:
         raise ValueError(
             f"globalBatchSize {gbs} does not split over {par.dp} data-parallel ranks "

@@ -32,6 +32,7 @@ from .attention import SdpaAttention
 from .convert import Tensors, hf_to_megatron, megatron_to_hf
 from .fusions import FusedRMSNorm, check_fusions, install_rope_fusion, install_wgrad_fusion
 from .parallel import Parallelism, padded_vocab_size, validate_parallelism
+from .rope import inv_freq as rope_inv_freq
 from .shard import from_stage, gather_tensor, shard_tp, to_stage
 
 Recompute = Literal["full", "selective"] | None
@@ -67,6 +68,7 @@ def transformer_config(
     cpu_init: bool = False,
     fusions: Iterable[str] = (),
     recompute_layers: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> TransformerConfig:
     """Llama-style decoder settings: RMSNorm, SwiGLU without biases (qkv bias for Qwen2), GQA, qk-norm
     for Qwen3, no dropout (RL fine-tuning; HF configs carry 0).
@@ -82,6 +84,9 @@ def transformer_config(
     ``recompute_layers`` (with ``recompute="full"`` only): recompute the first N layers of each pipeline
     stage and keep the others' activations (Megatron's "block" method), for a memory budget between no
     recompute and all layers (None: every layer, "uniform" one at a time).
+
+    ``overrides``: TransformerConfig fields set over the above (training.megatronArgs, parsed by
+    ``megatron_args.overrides``), passed to the constructor so its ``__post_init__`` checks them.
     """
     if recompute_layers is not None:
         per_stage = shape.num_layers // par.pp
@@ -94,7 +99,7 @@ def transformer_config(
     fusions = check_fusions(fusions)
     if "wgrad" in fusions:
         install_wgrad_fusion()  # before any ColumnParallelLinear checks for apex's extension
-    return TransformerConfig(
+    fields: dict[str, Any] = dict(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_heads,
@@ -150,6 +155,7 @@ def transformer_config(
         # parameters (tensor_model_parallel); without it the grad norm skips TP ranks > 0's shards.
         perform_initialization=True,
     )
+    return TransformerConfig(**{**fields, **(overrides or {})})
 
 
 def layer_spec(shape: ModelShape, attention: Attention = "sdpa", fusions: Iterable[str] = ()) -> ModuleSpec:
@@ -197,6 +203,7 @@ def build_gpt_model(
     attention: Attention = "sdpa",
     fusions: Iterable[str] = (),
     recompute_layers: int | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> GPTModel:
     """This rank's GPTModel chunk (its TP slice and PP stage), uninitialised, on the current device.
 
@@ -205,7 +212,7 @@ def build_gpt_model(
     (see ``transformer_config``); none by default (torch.compile in every trainer rank, a first step
     slower by the compiles: opt in where it is measured, as the MFU benchmark does). "rope" patches
     megatron-core's RoPE for the whole process (every model built after it too). ``recompute_layers``:
-    see ``transformer_config``.
+    see ``transformer_config``; ``config_overrides``: its ``overrides`` (megatronArgs).
     """
     fusions = check_fusions(fusions)
     cpu = not torch.cuda.is_available()
@@ -217,6 +224,7 @@ def build_gpt_model(
         cpu_init=cpu,
         fusions=fusions,
         recompute_layers=recompute_layers,
+        overrides=config_overrides,
     )
     if "rope" in fusions:
         install_rope_fusion()
@@ -232,7 +240,17 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=shape.rope_theta,  # megatron-core annotates an int; it is used as a float
     )
+    if shape.rope_scaling is not None:
+        set_rope_frequencies(model, shape)
     return model if cpu else model.cuda(torch.cuda.current_device())
+
+
+def set_rope_frequencies(model: GPTModel, shape: ModelShape) -> None:
+    """Scaled RoPE (``shape.rope_scaling``) with transformers' frequencies (``rope.inv_freq``): GPTModel's
+    own ``rope_scaling`` hard-codes Llama 3.1's band limits. Before the first forward: RotaryEmbedding
+    caches its embedding per sequence length (lru_cache) from ``inv_freq``, a plain attribute."""
+    rotary = model.rotary_pos_emb
+    rotary.inv_freq = rope_inv_freq(shape, device=rotary.inv_freq.device)
 
 
 def setup_model(

@@ -1,6 +1,11 @@
 """The pieces of ``MegatronTrainerRank``'s forward/backward passes: Megatron's pipeline schedule over
 micro-batches, per-token log-probs and entropy from (vocab-padded) logits, and metric reduction
-(computed on the last pipeline stage, then shared with the other stages)."""
+(computed on the last pipeline stage, then shared with the other stages).
+
+Packed micro-batches (training.dynamicBatch, ``TrainBatch.packed``) go through GPTModel as one
+sequence [1, N] with megatron-core's ``PackedSeqParams`` (qkv_format "thd", the rows' cu_seqlens):
+RoPE restarts per row (rope_utils' thd path) and ``attention.SdpaAttention`` attends within each
+row only; the logits are then read at each row's packed positions."""
 
 from __future__ import annotations
 
@@ -19,23 +24,67 @@ LossFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]
 
 
 def token_stats(
-    logits: torch.Tensor, mb: TrainBatch, vocab_size: int, temperature: float, entropy: str | None
+    logits: torch.Tensor,
+    mb: TrainBatch,
+    vocab_size: int,
+    temperature: float,
+    entropy: str | None,
+    *,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[b, T] log-probs of the response tokens (logits / temperature, vocab padding dropped) and
-    entropy: "grad", "metric" (no graph) or None."""
+    entropy: "grad", "metric" (no graph) or None. ``packed``: ``logits`` are [1, N, V] of the rows
+    packed end to end (``run_schedule(packed=True)``), else [b, s, V] of the padded rows."""
     device = logits.device
     logits = logits[..., :vocab_size]
-    rows = torch.arange(mb.size, device=device)[:, None]
-    picked = logits[rows, mb.logit_positions().to(device)]  # [b, T, V]
-    valid = mb.response_mask().to(device) > 0
-    logp = torch.where(valid, token_logprobs(picked, mb.response_ids.to(device), temperature), 0.0)
+    valid = mb.response_mask().to(device) > 0  # [b, T]
+    # Only the response tokens' logits are gathered ([n, V], n real response tokens): a [b, T, V]
+    # gather would cost rows x the longest response x V, which in a packed micro-batch of many short
+    # rows and one long one is many times the tokens it holds (a 1b at 8,192 tokens asked 23 GiB).
+    if packed:
+        picked = logits[0, mb.packed_logit_index().to(device)[valid]]
+    else:
+        rows = torch.arange(mb.size, device=device)[:, None].expand_as(valid)
+        picked = logits[rows[valid], mb.logit_positions().to(device)[valid]]
+    targets = mb.response_ids.to(device)[valid]
+
+    def spread(values: torch.Tensor) -> torch.Tensor:  # [n] -> [b, T], 0 past each response
+        return torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
+
+    logp = spread(token_logprobs(picked[None], targets[None], temperature)[0])
     ent = None
     if entropy == "grad":
-        ent = torch.where(valid, entropy_from_logits(picked, temperature), 0.0)
+        ent = spread(entropy_from_logits(picked[None], temperature)[0])
     elif entropy == "metric":
         with torch.no_grad():
-            ent = torch.where(valid, entropy_from_logits(picked.detach(), temperature), 0.0)
+            ent = spread(entropy_from_logits(picked.detach()[None], temperature)[0])
     return logp, ent
+
+
+def model_inputs(
+    mb: TrainBatch, device: torch.device, *, packed: bool
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """GPTModel's arguments for micro-batch ``mb``: (input_ids, position_ids, attention_mask) and, packed,
+    the rows end to end ([1, N]) with their ``PackedSeqParams`` (thd) and no mask (SdpaAttention reads
+    the rows' bounds from the params); padded, [b, s] with Megatron's causal mask."""
+    if packed:
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        p = mb.packed().to(device)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=p.cu_seqlens,
+            cu_seqlens_kv=p.cu_seqlens,
+            max_seqlen_q=p.max_seqlen,
+            max_seqlen_kv=p.max_seqlen,
+        )
+        return (p.input_ids, p.position_ids, None), {"packed_seq_params": params}
+    from .model import causal_mask
+
+    ids = mb.input_ids.to(device)
+    b, s = ids.shape
+    positions = torch.arange(s, device=device)[None].expand(b, s)
+    return (ids, positions, causal_mask(s, device)), {}
 
 
 def run_schedule(
@@ -45,27 +94,30 @@ def run_schedule(
     *,
     forward_only: bool,
     device: torch.device,
+    packed: bool = False,
 ) -> list[dict[str, Any]]:
     """Megatron's forward(-backward) schedule over the micro-batches; ``loss_fn(mb, logits)`` runs
-    on the last pipeline stage. Returns its dicts there ([] elsewhere)."""
+    on the last pipeline stage. Returns its dicts there ([] elsewhere). ``packed``: each micro-batch
+    runs as its rows packed into one sequence (the module docstring). Shapes differ from one
+    micro-batch to the next either way; the config's ``variable_seq_lengths`` has the pipeline
+    stages send each activation's shape first."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from .model import causal_mask
 
     def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         mb = next(data)
-        ids = mb.input_ids.to(device)
-        b, s = ids.shape
-        positions = torch.arange(s, device=device)[None].expand(b, s)
-        return chunk(ids, positions, causal_mask(s, device)), partial(loss_fn, mb)
+        args, kwargs = model_inputs(mb, device, packed=packed)
+        return chunk(*args, **kwargs), partial(loss_fn, mb)
+
+    def tokens(mb: TrainBatch) -> int:
+        return sum(mb.sequence_lengths()) if packed else int(mb.input_ids.shape[1])
 
     return get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter(micro_batches),
         model=[model],
         num_microbatches=len(micro_batches),
-        seq_length=max(int(mb.input_ids.shape[1]) for mb in micro_batches),
-        micro_batch_size=micro_batches[0].size,
+        seq_length=max(tokens(mb) for mb in micro_batches),
+        micro_batch_size=1 if packed else micro_batches[0].size,
         forward_only=forward_only,
     )
 

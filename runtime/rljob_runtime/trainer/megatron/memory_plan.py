@@ -1,0 +1,189 @@
+"""Will the megatron trainer fit its GPU? An estimate from the model's config and the spec, made by each
+rank before it builds anything, so a layout that cannot fit is refused with the numbers and the
+options that would make it fit instead of running out of memory minutes later.
+
+Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it):
+
+- weights: 2 bytes per parameter of this rank's TP/PP shard (bf16), the reference model the same;
+- gradients: 4 bytes (DDP's fp32 gradient buffer, ``grad_reduce_in_fp32``);
+- optimizer: fp32 main params + two Adam moments, 12 bytes, divided over the data-parallel ranks (the
+  distributed optimizer); with ``training.offloadOptimizer`` only the chunks being streamed;
+- activations: per token and layer about 2 bytes x (6 h + 2 (q + 2 kv) + 3 ffn) kept for backward
+  (norm inputs, q/k/v, attention output, the SwiGLU's three ffn-wide tensors; flash/cuDNN attention,
+  so no s x s scores), or 2 h per layer plus one layer's worth with full recompute; tokens per
+  micro-batch: dynamicBatch.maxTokensPerGpu, else microBatchSize x (rollout.maxResponseLen +
+  data.maxPromptLength when set: the prompt is not counted otherwise, so this errs towards admitting);
+- logits: the LM head's bf16 logits, their fp32 log-softmax and its gradient (10 bytes per token and
+  vocabulary entry of this TP rank);
+- overhead: CUDA context, NCCL and allocator slack (3 GiB), plus the engine's residue when colocated
+  (2 GiB: what SGLang keeps while released, measured in session 7).
+
+An estimate, not a promise: the refusal threshold is the whole GPU, so only a layout that clearly
+cannot fit is refused; the log line shows every figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from rljob_api.spec import RLTrainingJobSpec
+
+from .arch import ModelShape
+from .parallel import Parallelism
+
+GiB = 1 << 30
+OVERHEAD_BYTES = 3 * GiB
+COLOCATED_ENGINE_BYTES = 2 * GiB
+STREAM_CHUNK_BYTES = 2 * GiB  # optimizer_offload.DEFAULT_CHUNK_BYTES
+STREAMED_CHUNKS = 3  # in, being updated, out
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the estimate depends on, besides the model's shape."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_tokens: int
+    recompute: bool
+    offload_optimizer: bool
+    reference: bool
+    colocated: bool
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    gradients: int
+    optimizer: int
+    reference: int
+    activations: int
+    logits: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def summary(self) -> str:
+        parts = ", ".join(
+            f"{f.name} {getattr(self, f.name) / GiB:.1f}" for f in fields(self) if getattr(self, f.name)
+        )
+        return f"{self.total / GiB:.1f} GiB ({parts})"
+
+
+def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[int, int]:
+    """(parameters on this GPU, its largest single tensor): the largest pipeline stage's share of one
+    TP rank (layers split evenly, the embedding on the first stage and the output layer on the last;
+    tied models keep a copy on both when pp > 1, as Megatron does)."""
+    h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.ffn_hidden_size
+    layer = (h * (q + 2 * kv) + q * h + 3 * h * f) // tp + 2 * h  # qkv, proj, gate/up/down; 2 norms
+    if shape.qkv_bias:
+        layer += (q + 2 * kv) // tp
+    if shape.qk_norm:
+        layer += 2 * shape.head_dim
+    embedding = shape.vocab_size * h // tp
+    layers = -(-shape.num_layers // pp)
+    heads = 2 if pp == 1 and not shape.tied_embeddings else 1  # embedding (+ output layer)
+    params = layers * layer + heads * embedding + h  # the final norm
+    return params, max(embedding, 3 * h * f // tp)
+
+
+def estimate(shape: ModelShape, knobs: Knobs) -> MemoryEstimate:
+    params, largest = stage_params(shape, knobs.tp, knobs.pp)
+    if knobs.offload_optimizer:
+        # The largest tensor's chunk (a chunk holds at least one tensor) and the other chunks in flight.
+        optimizer = (
+            max(STREAM_CHUNK_BYTES, 12 * largest // knobs.dp) + (STREAMED_CHUNKS - 1) * STREAM_CHUNK_BYTES
+        )
+    else:
+        optimizer = 12 * params // knobs.dp
+    h, t = shape.hidden_size, knobs.micro_tokens
+    per_layer = 2 * (6 * h + (2 * (shape.q_size + 2 * shape.kv_size) + 3 * shape.ffn_hidden_size) // knobs.tp)
+    layers = -(-shape.num_layers // knobs.pp)
+    # Pipeline stages hold up to pp micro-batches in flight (1F1B): the first stage the most.
+    in_flight = knobs.pp
+    if knobs.recompute:
+        activations = t * (2 * h * layers * in_flight + per_layer)
+    else:
+        activations = t * per_layer * layers * in_flight
+    logits = 10 * t * shape.vocab_size // knobs.tp
+    return MemoryEstimate(
+        weights=2 * params,
+        gradients=4 * params,
+        optimizer=optimizer,
+        reference=2 * params if knobs.reference else 0,
+        activations=activations,
+        logits=logits,
+        overhead=OVERHEAD_BYTES + (COLOCATED_ENGINE_BYTES if knobs.colocated else 0),
+    )
+
+
+def knobs_from_spec(spec: RLTrainingJobSpec, par: Parallelism) -> Knobs:
+    training = spec.training
+    if training.dynamic_batch.enabled:
+        tokens = training.dynamic_batch.max_tokens_per_gpu
+    else:
+        tokens = training.micro_batch_size * (
+            spec.rollout.max_response_len + (spec.data.max_prompt_length or 0)
+        )
+    return Knobs(
+        tp=par.tp,
+        pp=par.pp,
+        dp=par.dp,
+        micro_tokens=tokens,
+        # megatronArgs recompute-granularity full replaces recomputeActivations (the API allows one).
+        recompute=training.recompute_activations
+        or training.megatron_args.get("recompute-granularity") == "full",
+        offload_optimizer=training.offload_optimizer,
+        reference=spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0,
+        colocated=spec.resources.colocate,
+    )
+
+
+def alternatives(shape: ModelShape, knobs: Knobs, gpus: int) -> list[tuple[str, MemoryEstimate]]:
+    """Changes to the spec that lower the estimate, each with its new estimate (the ones that apply)."""
+    out: list[tuple[str, MemoryEstimate]] = []
+    if not knobs.offload_optimizer:
+        out.append(
+            ("training.offloadOptimizer: true", estimate(shape, replace(knobs, offload_optimizer=True)))
+        )
+    if not knobs.recompute:
+        out.append(("training.recomputeActivations: true", estimate(shape, replace(knobs, recompute=True))))
+    tp = knobs.tp * 2
+    if tp * knobs.pp <= gpus and shape.num_heads % tp == 0 and shape.num_kv_heads % tp == 0:
+        dp = max(1, gpus // (tp * knobs.pp))
+        out.append((f"training.parallelism.tensor: {tp}", estimate(shape, replace(knobs, tp=tp, dp=dp))))
+    if knobs.micro_tokens > 1:
+        half = replace(knobs, micro_tokens=knobs.micro_tokens // 2)
+        out.append(
+            (
+                "half the tokens per micro-batch (microBatchSize or dynamicBatch.maxTokensPerGpu)",
+                estimate(shape, half),
+            )
+        )
+    every = replace(knobs, offload_optimizer=True, recompute=True)
+    if every != knobs:
+        out.append(("offloadOptimizer and recomputeActivations together", estimate(shape, every)))
+    return out
+
+
+def check_fits(
+    shape: ModelShape, spec: RLTrainingJobSpec, par: Parallelism, gpu_bytes: int
+) -> MemoryEstimate:
+    """The estimate for this spec; ValueError with the figures and what would fit when it exceeds
+    ``gpu_bytes`` (the GPU's total memory)."""
+    knobs = knobs_from_spec(spec, par)
+    mine = estimate(shape, knobs)
+    if mine.total <= gpu_bytes:
+        return mine
+    options = [
+        f"  {what}: {est.total / GiB:.1f} GiB{' (fits)' if est.total <= gpu_bytes else ''}"
+        for what, est in alternatives(shape, knobs, par.world_size)
+    ]
+    raise ValueError(
+        f"the megatron trainer does not fit a {gpu_bytes / GiB:.1f} GiB GPU: estimated {mine.summary()} per GPU "
+        f"at tensor {par.tp} x pipeline {par.pp} x data {par.dp}, {knobs.micro_tokens} tokens per micro-batch. "
+        "Estimates with one change:\n" + "\n".join(options)
+    )

@@ -1,0 +1,127 @@
+"""trainer/megatron/memory_plan.py: the per-GPU estimate and the refusal of a layout that cannot fit,
+with the figures and the options that would fit (issue #18's "bad input")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rljob_api.spec import RLTrainingJobSpec
+from rljob_runtime.trainer.megatron.arch import model_shape
+from rljob_runtime.trainer.megatron.memory_plan import GiB, Knobs, check_fits, estimate, stage_params
+from rljob_runtime.trainer.megatron.parallel import Parallelism
+
+# Qwen3-4B's and Qwen3-8B's published shapes.
+QWEN3_4B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+}
+QWEN3_8B = {
+    **QWEN3_4B,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "tie_word_embeddings": False,
+}
+H100 = int(79.2 * GiB)
+
+
+def _spec(gpus: int = 1, **training: Any) -> RLTrainingJobSpec:
+    return RLTrainingJobSpec.model_validate(
+        {
+            "model": {"path": "/m", "dtype": "bfloat16"},
+            "data": {"path": "/d.jsonl", "maxPromptLength": 512},
+            "rollout": {"engine": "sglang", "batchSize": 8, "nSamplesPerPrompt": 8, "maxResponseLen": 3584},
+            "training": {"backend": "megatron", "globalBatchSize": 64, **training},
+            "resources": {"device": "cuda", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": gpus}},
+        }
+    )
+
+
+def test_parameter_counts_match_the_published_sizes() -> None:
+    params_4b, largest = stage_params(model_shape(QWEN3_4B), tp=1, pp=1)
+    assert abs(params_4b - 4.02e9) / 4.02e9 < 0.01
+    assert largest == 151936 * 2560  # the (tied) embedding
+    params_8b, _ = stage_params(model_shape(QWEN3_8B), tp=1, pp=1)
+    assert abs(params_8b - 8.19e9) / 8.19e9 < 0.01
+    half, _ = stage_params(model_shape(QWEN3_8B), tp=2, pp=1)
+    assert abs(half - params_8b / 2) / half < 0.01  # norms are not split: a rounding error
+
+
+def test_4b_full_adam_does_not_fit_an_h100_and_offload_does() -> None:
+    shape = model_shape(QWEN3_4B)
+    with pytest.raises(ValueError) as err:
+        check_fits(shape, _spec(), Parallelism(), H100)
+    text = str(err.value)
+    assert "does not fit a 79.2 GiB GPU" in text
+    assert "optimizer 45.0" in text  # 12 bytes x 4.02 B parameters
+    assert "training.offloadOptimizer: true" in text and "(fits)" in text
+    fits = check_fits(shape, _spec(offloadOptimizer=True), Parallelism(), H100)
+    assert fits.total < H100
+    assert fits.weights == 2 * stage_params(shape, 1, 1)[0]
+
+
+def test_8b_fits_two_gpus_at_tp2_with_offload_and_recompute_only() -> None:
+    shape = model_shape(QWEN3_8B)
+    spec = _spec(2, parallelism={"tensor": 2})
+    par = Parallelism(tp=2)
+    with pytest.raises(ValueError, match="tensor 2 x pipeline 1 x data 1"):
+        check_fits(shape, spec, par, H100)
+    check_fits(
+        shape,
+        _spec(2, parallelism={"tensor": 2}, offloadOptimizer=True, recomputeActivations=True),
+        par,
+        H100,
+    )
+
+
+def test_each_knob_moves_the_estimate_the_right_way() -> None:
+    shape = model_shape(QWEN3_4B)
+    base = Knobs(
+        tp=1,
+        pp=1,
+        dp=1,
+        micro_tokens=4096,
+        recompute=False,
+        offload_optimizer=False,
+        reference=False,
+        colocated=False,
+    )
+    total = estimate(shape, base).total
+    from dataclasses import replace
+
+    assert estimate(shape, replace(base, dp=2)).optimizer == estimate(shape, base).optimizer // 2
+    assert estimate(shape, replace(base, recompute=True)).activations < estimate(shape, base).activations / 10
+    assert (
+        estimate(shape, replace(base, micro_tokens=8192)).activations == 2 * estimate(shape, base).activations
+    )
+    assert estimate(shape, replace(base, reference=True)).total > total
+    assert estimate(shape, replace(base, colocated=True)).overhead == estimate(shape, base).overhead + 2 * GiB
+    assert estimate(shape, replace(base, tp=2)).weights < 0.51 * estimate(shape, base).weights
+
+
+def test_dynamic_batch_counts_its_token_budget() -> None:
+    shape = model_shape(QWEN3_4B)
+    small = check_fits(shape, _spec(offloadOptimizer=True), Parallelism(), H100)
+    # The prompt (maxPromptLength 512) and response (3584) make 4096 tokens per micro-batch of 1.
+    assert small.logits == 10 * 4096 * 151936
+
+
+def test_megatron_args_full_recompute_counts_as_recompute() -> None:
+    from rljob_runtime.trainer.megatron.memory_plan import knobs_from_spec
+
+    spec = _spec(megatronArgs={"recompute-granularity": "full"})
+    assert knobs_from_spec(spec, Parallelism()).recompute
+    assert not knobs_from_spec(_spec(), Parallelism()).recompute
