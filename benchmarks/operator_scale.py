@@ -14,15 +14,26 @@ RayClusters but never submits anything to Ray: the figures are the control plane
 
     .venv/bin/python tools/devcluster/devcluster.py up --name=bench
     .venv/bin/python benchmarks/operator_scale.py --cluster bench --jobs 100 500 1000
+
+`--restart-mid-burst` instead SIGKILLs the operator once half the jobs are created, starts a new one,
+creates the rest, and counts the jobs whose child set is not exactly one RayJob (the same uid as
+before the kill) and one RayCluster (#20's "restarted mid-burst" case).
+
+`--profile DIR` samples the operator with py-spy (`--nonblocking`, 100 Hz) through each N's rounds
+and writes collapsed stacks to DIR/operator-N.txt (`py-spy` from the venv or PATH).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -31,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
@@ -65,15 +77,19 @@ def watch_added(
 ) -> None:
     w = watch.Watch()
     while not stop.is_set():
-        for event in w.stream(
-            api.list_namespaced_custom_object, "ray.io", "v1", ns, plural, timeout_seconds=5
-        ):
-            obj = event["object"]
-            name = obj["metadata"]["labels"].get(key) if key else obj["metadata"]["name"]
-            if name and name not in seen:
-                seen[name] = time.monotonic()
-            if stop.is_set():
-                break
+        try:
+            for event in w.stream(
+                api.list_namespaced_custom_object, "ray.io", "v1", ns, plural, timeout_seconds=5
+            ):
+                obj = event["object"]
+                name = obj["metadata"]["labels"].get(key) if key else obj["metadata"]["name"]
+                if name and name not in seen:
+                    seen[name] = time.monotonic()
+                if stop.is_set():
+                    break
+        except ApiException as exc:  # an overloaded API server ends watches (500, 504): watch again
+            print(f"watch {plural}: {exc.status} {exc.reason}; watching again", file=sys.stderr)
+            time.sleep(1)
 
 
 def proc_stats(pid: int) -> dict[str, float]:
@@ -125,12 +141,86 @@ def install_crds(kubectl: str, kubeconfig: str) -> None:
     )
 
 
+def delete_all_jobs(custom: client.CustomObjectsApi, ns: str, timeout: float) -> None:
+    """Delete every job of `ns`, one call each from 8 threads: a deletecollection of a thousand jobs on
+    a busy control plane outlasts the API server's 60 s request timeout (a 504, part of them deleted)."""
+
+    def delete(name: str) -> None:
+        try:
+            custom.delete_namespaced_custom_object("rljob.dev", "v1alpha1", ns, "rltrainingjobs", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def gone() -> bool:
+        listed = custom.list_namespaced_custom_object("rljob.dev", "v1alpha1", ns, "rltrainingjobs")
+        names = [item["metadata"]["name"] for item in listed["items"]]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(delete, names))
+        return not names
+
+    wait_until(gone, timeout, "every job deleted")
+
+
 def wait_until(done: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not done after {timeout:.0f} s")
         time.sleep(0.5)
+
+
+def restart_round(
+    custom: client.CustomObjectsApi, operator: OperatorProcess, ns: str, jobs: int, timeout: float
+) -> dict[str, Any]:
+    """#20's "bad input" case: SIGKILL the operator when half the jobs are created, start a new one,
+    create the rest; every job must end with exactly one child set: the RayJob first seen (the same
+    uid) and one RayCluster."""
+    created: dict[str, float] = {}
+
+    def create(i: int) -> None:
+        name = f"k-{i:05d}"
+        body = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name}}
+        custom.create_namespaced_custom_object(
+            "rljob.dev", "v1alpha1", ns, "rltrainingjobs", {**body, "spec": JOB}
+        )
+        created[name] = time.monotonic()
+
+    def rayjobs() -> dict[str, str]:
+        items = custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayjobs")["items"]
+        return {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
+
+    def clusters() -> dict[str, int]:
+        items = custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]
+        count: dict[str, int] = {}
+        for item in items:
+            owner = item["metadata"]["labels"].get("ray.io/originated-from-cr-name", "")
+            count[owner] = count.get(owner, 0) + 1
+        return count
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, range(jobs // 2)))
+        killed_at = time.monotonic() - start
+        operator.kill()
+        first_uids = rayjobs()  # what the killed operator made
+        operator.start()
+        list(pool.map(create, range(jobs // 2, jobs)))
+    wait_until(lambda: len(rayjobs()) >= jobs and len(clusters()) >= jobs, timeout, "RayJobs and RayClusters")
+    done_in = time.monotonic() - start
+    time.sleep(30)  # what a second child set would take to appear
+    uids, per_job = rayjobs(), clusters()
+    report = {
+        "killed_after_s": round(killed_at, 1),
+        "rayjobs_made_before_the_kill": len(first_uids),
+        "all_rayjobs_and_clusters_in_s": round(done_in, 1),
+        "jobs_with_a_rayjob": sum(1 for n in created if n in uids),
+        "rayjobs_replaced": sum(1 for n, uid in first_uids.items() if uids.get(n) != uid),
+        "jobs_with_one_raycluster": sum(1 for n in created if per_job.get(n) == 1),
+        "jobs_with_more_rayclusters": sum(1 for n in created if per_job.get(n, 0) > 1),
+    }
+    delete_all_jobs(custom, ns, timeout)
+    return report
 
 
 def one_round(
@@ -173,13 +263,39 @@ def one_round(
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, range(jobs)))
     create_seconds = time.monotonic() - start
-    wait_until(lambda: len(rayjobs) >= jobs and len(clusters) >= jobs, timeout, "RayJobs and RayClusters")
+    created_stats = proc_stats(operator.proc.pid)
+    wait_until(lambda: len(rayjobs) >= jobs, timeout, "RayJobs")
+    rayjobs_seconds, rayjobs_stats = time.monotonic() - start, proc_stats(operator.proc.pid)
+    wait_until(lambda: len(clusters) >= jobs, timeout, "RayClusters")
     total_seconds = time.monotonic() - start
     stop.set()
     loaded = proc_stats(operator.proc.pid)
     passes_loaded = passes(operator)
 
-    custom.delete_collection_namespaced_custom_object("rljob.dev", "v1alpha1", ns, "rltrainingjobs")
+    job_latency = [rayjobs[n] - created[n] for n in created if n in rayjobs]
+    cluster_latency = [clusters[n] - rayjobs[n] for n in rayjobs if n in clusters]
+    figures = {
+        "created_in_s": round(create_seconds, 1),
+        "all_rayjobs_and_clusters_in_s": round(total_seconds, 1),
+        "apply_to_rayjob_p50_s": round(statistics.median(job_latency), 3),
+        "apply_to_rayjob_p99_s": round(percentile(job_latency, 0.99), 3),
+        "kuberay_rayjob_to_raycluster_p50_s": round(statistics.median(cluster_latency), 3),
+        "kuberay_rayjob_to_raycluster_p99_s": round(percentile(cluster_latency, 0.99), 3),
+        "all_rayjobs_in_s": round(rayjobs_seconds, 1),
+        # How busy the operator was (CPU seconds per second, 1.0 = one core) while the jobs were
+        # created, and from then until the last RayJob.
+        "operator_busy_creating": round((created_stats["cpu_s"] - before["cpu_s"]) / create_seconds, 2),
+        "operator_busy_after": round(
+            (rayjobs_stats["cpu_s"] - created_stats["cpu_s"]) / max(rayjobs_seconds - create_seconds, 0.1), 2
+        ),
+        "operator_cpu_s": round(loaded["cpu_s"] - before["cpu_s"], 1),
+        "operator_cpu_ms_per_job": round(1000 * (loaded["cpu_s"] - before["cpu_s"]) / jobs, 1),
+        "reconcile_passes_per_job": round((passes_loaded - passes_before) / jobs, 1),
+        "operator_peak_rss_mib": round(loaded["peak_rss_mib"], 1),
+    }
+    print(json.dumps({"jobs": jobs, "loaded": figures}), flush=True)  # kept should the deletion fail
+
+    delete_all_jobs(custom, ns, timeout)
     wait_until(
         lambda: metric(operator.metrics(), "rljob_operator_tracked_jobs") == 0,
         timeout,
@@ -187,22 +303,33 @@ def one_round(
     )
     time.sleep(5)  # the RayJobs' and pods' deletions reach the caches too
     after = proc_stats(operator.proc.pid)
-    job_latency = [rayjobs[n] - created[n] for n in created if n in rayjobs]
-    cluster_latency = [clusters[n] - rayjobs[n] for n in rayjobs if n in clusters]
     return {
-        "created_in_s": round(create_seconds, 1),
-        "all_rayjobs_and_clusters_in_s": round(total_seconds, 1),
-        "apply_to_rayjob_p50_s": round(statistics.median(job_latency), 3),
-        "apply_to_rayjob_p99_s": round(percentile(job_latency, 0.99), 3),
-        "kuberay_rayjob_to_raycluster_p50_s": round(statistics.median(cluster_latency), 3),
-        "kuberay_rayjob_to_raycluster_p99_s": round(percentile(cluster_latency, 0.99), 3),
-        "operator_cpu_s": round(loaded["cpu_s"] - before["cpu_s"], 1),
-        "operator_cpu_ms_per_job": round(1000 * (loaded["cpu_s"] - before["cpu_s"]) / jobs, 1),
-        "reconcile_passes_per_job": round((passes_loaded - passes_before) / jobs, 1),
-        "operator_peak_rss_mib": round(loaded["peak_rss_mib"], 1),
+        **figures,
         "operator_rss_after_delete_mib": round(after["rss_mib"], 1),
         "reconcile_errors": metric(operator.metrics(), 'rljob_operator_reconcile_total{result="error"}'),
     }
+
+
+def with_bytecode() -> None:
+    """Run the operator from compiled bytecode, as the image does (pip compiles at install): a venv
+    installed with PYTHONDONTWRITEBYTECODE has none, and compiling kubernetes_asyncio at every start
+    adds tens of MiB to its RSS. Written once into a cache of this benchmark's own."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "rljob-operator-scale-pyc")
+    warm = (
+        "import asyncio\nfrom rljob_operator import __main__, handlers, kube\n"
+        "async def main():\n    await kube.Kube().close()\nasyncio.run(main())"
+    )
+    subprocess.run([sys.executable, "-c", warm], check=True)
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("--profile needs py-spy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [py_spy, "record", "--nonblocking", "-r", "100", "-f", "raw", "-o", str(out), "-p", str(pid)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
 
 
 def main() -> int:
@@ -213,6 +340,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="create/delete rounds per N (memory flat?)")
     parser.add_argument("--cluster", default="rljob-dev", help="the devcluster's name")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--restart-mid-burst", action="store_true", help="kill and restart the operator halfway instead"
+    )
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy the operator into DIR/operator-N.txt"
+    )
     args = parser.parse_args()
 
     state = json.loads(
@@ -225,6 +358,7 @@ def main() -> int:
     kubeconfig = state["kubeconfig"]
     install_crds(state["kubectl"], kubeconfig)
     config.load_kube_config(kubeconfig)
+    with_bytecode()
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
     reports = []
     for jobs in args.jobs:
@@ -232,13 +366,23 @@ def main() -> int:
         core.create_namespace({"metadata": {"name": ns}})
         operator = OperatorProcess(Path(kubeconfig), Path("/tmp"), resync_seconds=300)
         operator.start()
+        profiler = None
         try:
-            started = proc_stats(operator.proc.pid)["rss_mib"] if operator.proc else 0.0
-            rounds = [
-                one_round(custom, operator, ns, jobs, args.timeout, prefix=f"r{r}")
-                for r in range(args.rounds)
-            ]
+            assert operator.proc is not None
+            started = proc_stats(operator.proc.pid)["rss_mib"]
+            if args.profile is not None:
+                profiler = start_profiler(operator.proc.pid, args.profile / f"operator-{jobs}.txt")
+            if args.restart_mid_burst:
+                rounds = [restart_round(custom, operator, ns, jobs, args.timeout)]
+            else:
+                rounds = [
+                    one_round(custom, operator, ns, jobs, args.timeout, prefix=f"r{r}")
+                    for r in range(args.rounds)
+                ]
         finally:
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+                profiler.wait(timeout=120)
             operator.stop()
             core.delete_namespace(ns)
         report = {"jobs": jobs, "operator_rss_at_start_mib": round(started, 1), "rounds": rounds}

@@ -122,10 +122,11 @@ async def _resync_forever() -> None:
 
 
 # The watch caches (watch_cache.py): kopf indexes what its watches see; the reconciler's list calls
-# read these indices. Keyed by namespace (nodes: None). Async: kopf runs sync handlers in threads.
+# read these indices. Keyed by namespace (nodes: None; jobs and pods: (namespace, job)). Async: kopf
+# runs sync handlers in threads.
 @kopf.index(GROUP, VERSION, PLURAL)
-async def rljob_jobs(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {namespace: slim_job(body)}
+async def rljob_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim_job(body)}  # a pass reads its own job from here
 
 
 @kopf.index("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
@@ -134,8 +135,8 @@ async def rljob_rayjobs(namespace: str | None, body: kopf.Body, **_: Any) -> dic
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-async def rljob_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {namespace: slim_pod(body)}
+async def rljob_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[LABEL_JOB]): slim_pod(body)}  # a pass reads its own job's pods
 
 
 @kopf.index("", "v1", "resourcequotas")
@@ -162,19 +163,26 @@ async def job_event(event: kopf.RawEvent, namespace: str | None, name: str, **kw
     await reconciler().reconcile(namespace, name, version)
 
 
+# Events of a job's children run background passes (reconcile.py: they take turns, so a burst of new
+# jobs is not held up behind KubeRay's status writes).
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
-async def rayjob_event(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
+async def rayjob_event(
+    event: kopf.RawEvent, namespace: str | None, name: str, labels: kopf.Labels, **kwargs: Any
+) -> None:
     assert namespace is not None
     _caches.capture(kwargs)
     if LABEL_JOB in labels:
-        await reconciler().reconcile(namespace, labels[LABEL_JOB])
+        # The version lets the reconciler skip the event of its own apply; a deletion always runs a pass.
+        version = (event["object"].get("metadata") or {}).get("resourceVersion")
+        rayjob = (name, version) if version and event["type"] != "DELETED" else None
+        await reconciler().reconcile(namespace, labels[LABEL_JOB], rayjob=rayjob, background=True)
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
 async def pod_event(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     assert namespace is not None
     _caches.capture(kwargs)
-    await reconciler().reconcile(namespace, labels[LABEL_JOB])
+    await reconciler().reconcile(namespace, labels[LABEL_JOB], background=True)
 
 
 @kopf.on.event("", "v1", "resourcequotas")

@@ -220,6 +220,10 @@ class Kube:
 
     # ----------------------------------------------------------------------------------- reads
 
+    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job from a watch cache, when one has it (watch_cache.CachedKube); None: read it."""
+        return None
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_or_none(
             self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -76,14 +76,35 @@ from .status import (
     restart_status,
     status_changed,
 )
+from .watch_cache import slim_job
 
 log = logging.getLogger("rljob.operator")
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
-# A pass writes status up to three times (pending or restart, a failure, the final status); their
-# events may come after the next pass's writes.
-OWN_WRITES_KEPT = 4
+# A pass writes status up to three times (pending or restart, a failure, the final status) and
+# applies the RayJob once; their events may come after the next pass's writes.
+OWN_WRITES_KEPT = 6
+# Passes run at most this many at a time, in the order they were asked for, the others waiting (and
+# folding the events of their job that arrive meanwhile). Unbounded, a burst of a thousand new jobs ran
+# a thousand passes at once: each of their API calls queued behind every other pass's, so every job
+# got its RayJob near the end of the burst (and the responses in flight took hundreds of MiB).
+FOREGROUND_PASSES = 64
+# Passes for events of a job's RayJob and pods take turns of their own, this many at a time: in a burst
+# of new jobs the first passes (job events) never wait behind a pass per status write KubeRay makes.
+BACKGROUND_PASSES = 4
+# What called for a pass: ("job", resourceVersion) for a job event, ("RayJob", name, resourceVersion)
+# for an event of one of its RayJobs, None for anything else (its pods, a retry, the resync).
+Cause = tuple[str, ...] | None
+
+
+async def all_of(*steps: Awaitable[Any]) -> list[Any]:
+    """Run independent API calls at once; wait for every one, then raise the first failure."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def others_part(obj: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -126,12 +147,19 @@ class Reconciler:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._failures: dict[tuple[str, str], int] = {}
         self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        # Jobs with a pass waiting for their lock: the events of a job's RayJob and pods that arrive
-        # while one pass runs fold into that one waiting pass (a workqueue's de-duplication).
-        # Each waits with the resourceVersions of the job events folded into it (None: another cause).
-        self._waiting: dict[JobKey, list[str | None]] = {}
-        # The resourceVersions our own status writes gave each job, the last few (see _write_status).
-        self._own_writes: dict[JobKey, tuple[str, ...]] = {}
+        # Jobs with a pass waiting for their lock (and, for a background one, for its turn): the events
+        # of a job that arrive meanwhile fold into that waiting pass (a workqueue's de-duplication).
+        # Keyed by job and background or not; each waits with the causes folded into it.
+        self._waiting: dict[tuple[JobKey, bool], list[Cause]] = {}
+        self._turns = {
+            False: asyncio.Semaphore(FOREGROUND_PASSES),
+            True: asyncio.Semaphore(BACKGROUND_PASSES),
+        }
+        # The causes our own writes made, the last few per job (see _write_status, _own_rayjob).
+        self._own_writes: dict[JobKey, tuple[Cause, ...]] = {}
+        # The job's version our last status write made, until its watch event arrives: till then the
+        # watch cache may show the job from before that write, and a pass reads it from the API server.
+        self._unseen: dict[JobKey, str] = {}
         self._specs = SpecCache()
         # Read from the /metrics thread: set(dict) copies in one C call under the GIL.
         self._applied = AppliedChildren()
@@ -141,40 +169,67 @@ class Reconciler:
                 | set(self._failures)
                 | set(self._retries)
                 | set(self._own_writes)
+                | set(self._unseen)
                 | self._applied.jobs()
                 | self._specs.jobs()
             )
         )
 
-    async def reconcile(self, namespace: str, name: str, version: str | None = None) -> None:
+    async def reconcile(
+        self,
+        namespace: str,
+        name: str,
+        version: str | None = None,
+        *,
+        rayjob: tuple[str, str] | None = None,
+        background: bool = False,
+    ) -> None:
         """A pass over the job, unless one already waits for it. `version`: the resourceVersion of the
         job event that calls for it; when that is the job as our own status write left it, the pass would
-        find nothing new and is skipped. None (an event of its RayJob or pods, a retry, the resync)
-        always runs one."""
+        find nothing new and is skipped. `rayjob`: (name, resourceVersion) of the RayJob event that calls
+        for it, skipped the same way when that is the RayJob as our own apply returned it. Anything else
+        (an event of its pods, a retry, the resync) always runs a pass. `background`: an event of the
+        job's children: such passes take turns of their own, BACKGROUND_PASSES at a time (the others
+        FOREGROUND_PASSES at a time)."""
         key = (namespace, name)
-        if self._written_by_us(key, version):
+        if version is not None and self._unseen.get(key) == version:
+            del self._unseen[key]  # the cache has caught up with our last write (kopf indexes first)
+        cause: Cause = ("job", version) if version else ("RayJob", *rayjob) if rayjob else None
+        if self._written_by_us(key, cause):
             return
-        waiting = self._waiting.get(key)
-        if waiting is not None:
-            # That pass starts later and reads all this one would (a workqueue's de-duplication).
-            waiting.append(version)
-            return
+        # That pass starts later and reads all this one would (a workqueue's de-duplication); a job
+        # event never waits behind a background pass's turn.
+        for slot in ((key, False), (key, True)) if background else ((key, False),):
+            waiting = self._waiting.get(slot)
+            if waiting is not None:
+                waiting.append(cause)
+                return
         lock = self._locks.setdefault(key, asyncio.Lock())
-        causes = self._waiting[key] = [version]
+        slot, turn = (key, background), self._turns[background]
+        causes = self._waiting[slot] = [cause]
         try:
-            await lock.acquire()
+            await turn.acquire()
+            try:
+                await lock.acquire()
+            except BaseException:
+                turn.release()
+                raise
         finally:
-            self._waiting.pop(key, None)
+            self._waiting.pop(slot, None)
         try:
             # Again: the event of a write can come before the pass that wrote has its answer.
-            if all(self._written_by_us(key, v) for v in causes):
+            if all(self._written_by_us(key, c) for c in causes):
                 return
             await self._pass(key)
         finally:
             lock.release()
+            turn.release()
 
-    def _written_by_us(self, key: JobKey, version: str | None) -> bool:
-        return version is not None and version in self._own_writes.get(key, ())
+    def _written_by_us(self, key: JobKey, cause: Cause) -> bool:
+        return cause is not None and cause in self._own_writes.get(key, ())
+
+    def _ours(self, key: JobKey, cause: Cause) -> None:
+        self._own_writes[key] = (*self._own_writes.get(key, ()), cause)[-OWN_WRITES_KEPT:]
 
     async def _write_status(self, obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         """Patch the job's /status. When the object the API server returns differs from the one this
@@ -187,8 +242,20 @@ class Reconciler:
         key = (meta["namespace"], meta["name"])
         written = await self.kube.apply_job_status(*key, status)
         version = (written.get("metadata") or {}).get("resourceVersion")
-        if version and others_part(written) == others_part(obj):
-            self._own_writes[key] = (*self._own_writes.get(key, ()), version)[-OWN_WRITES_KEPT:]
+        if version and version != obj["metadata"].get("resourceVersion"):
+            self._unseen[key] = version
+        # Compared as the cache keeps them (the pass may have read the job from it), on the fields a
+        # pass reads.
+        if version and others_part(slim_job(written)) == others_part(slim_job(obj)):
+            self._ours(key, ("job", version))
+
+    def _own_rayjob(self, job: Job, rayjob: Mapping[str, Any]) -> None:
+        """The RayJob this pass applied and computed the status from: the watch event of that version
+        brings nothing new, so it starts no pass (it used to cost one per created job). KubeRay's writes
+        after it are versions of their own, and run passes."""
+        meta = rayjob.get("metadata") or {}
+        if meta.get("resourceVersion"):
+            self._ours((job.namespace, job.name), ("RayJob", meta["name"], meta["resourceVersion"]))
 
     async def _pass(self, key: tuple[str, str]) -> None:
         """One pass with its outcome: counted, and retried with backoff after a failure."""
@@ -237,8 +304,18 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         self._retries[key] = loop.call_later(delay, lambda: asyncio.ensure_future(self.reconcile(*key)))
 
+    async def _read_job(self, key: JobKey) -> dict[str, Any] | None:
+        """The job from the watch cache (its event started this pass, or the cache is as new as our last
+        write), else from the API server: while the event of our last status write has not arrived, or
+        when the cache does not have the job (a deleted job's pass asks the API server)."""
+        if key not in self._unseen:
+            cached = self.kube.cached_job(*key)
+            if cached is not None:
+                return cached
+        return await self.kube.get_job(*key)
+
     async def _reconcile(self, namespace: str, name: str) -> None:
-        obj = await self.kube.get_job(namespace, name)
+        obj = await self._read_job((namespace, name))
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             self.forget((namespace, name))  # children go by garbage collection
             return
@@ -276,8 +353,13 @@ class Reconciler:
                 if create:
                     if rayjob is None and not job.status.get("phase"):
                         job = await self._record_pending(obj, job, Observed(now, None, None, queue))
-                    for child in build_prerequisites(job, self.settings):
-                        await self._apply_child(job, child, read=False)
+                    # At once: none of the prerequisites needs another to exist.
+                    await all_of(
+                        *(
+                            self._apply_child(job, c, read=False)
+                            for c in build_prerequisites(job, self.settings)
+                        )
+                    )
                     if rayjob is None and needs_megatron_checkpoint(job) and not job.spec.suspend:
                         # Training starts from the model cache's Megatron checkpoint: made first.
                         want = megatron_conversion(job, RLJOB_CACHE)
@@ -296,6 +378,8 @@ class Reconciler:
                     )
                     if created and rayjob is None:
                         self._announce_created(obj, job, applied)
+                    if applied is not rayjob:
+                        self._own_rayjob(job, applied)
                     rayjob = applied
         if blocker is None and leftover is None:
             for step in export_steps(job, training_succeeded(job, rayjob)):
@@ -364,8 +448,10 @@ class Reconciler:
         if rayjob is not None and entry is not None and entry["state"] == FAILED:
             return FAILED  # kept for a person: deleting it asks for another try
         if rayjob is None:
-            for child in build_prerequisites(job, self.settings):  # its pod's service account
-                await self._apply_child(job, child, read=False)
+            # Its pod's service account.
+            await all_of(
+                *(self._apply_child(job, c, read=False) for c in build_prerequisites(job, self.settings))
+            )
             rayjob = await self._apply_child(job, build_conversion_rayjob(job, self.settings, want))
         conversions.seen[want.name] = rayjob
         return state_of(rayjob)[0]
@@ -389,6 +475,7 @@ class Reconciler:
         self._applied.forget(key)
         self._specs.forget(key)
         self._own_writes.pop(key, None)
+        self._unseen.pop(key, None)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         retry = self._retries.pop(key, None)

@@ -19,6 +19,7 @@ from typing import Any
 
 from .checks import NodeInfo
 from .kube import Kube
+from .names import LABEL_JOB
 
 # The index names: the kopf handlers of these names (handlers.py) fill them.
 JOBS, RAYJOBS, PODS, QUOTAS, NODES = (
@@ -29,6 +30,8 @@ JOBS, RAYJOBS, PODS, QUOTAS, NODES = (
     "rljob_nodes",
 )
 INDICES = (JOBS, RAYJOBS, PODS, QUOTAS, NODES)
+# Keyed by namespace (nodes: None), but the jobs by (namespace, name) and the pods by (namespace, the
+# job they are labelled with): a pass looks up its own job and pods without scanning the namespace.
 Index = Mapping[Any, Iterable[dict[str, Any]]]  # the slim_* dicts the index handlers return
 
 
@@ -42,9 +45,10 @@ def _meta(body: Mapping[str, Any], *extra: str) -> dict[str, Any]:
 
 
 def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A job as the quota decision reads it (spec, status, identity)."""
+    """A job as a pass and the quota decision read it (spec, status, identity; job.py reads no other
+    field)."""
     return {
-        "metadata": _meta(body, "generation", "annotations"),
+        "metadata": _meta(body, "generation", "annotations", "resourceVersion"),
         "spec": dict(body.get("spec") or {}),
         "status": dict(body.get("status") or {}),
     }
@@ -124,7 +128,12 @@ class WatchCaches:
         next event on it."""
         assert self.indices is not None
         found = self.indices[index]
-        keys = list(found) if namespace is None else [namespace]
+        if namespace is None:
+            keys = list(found)
+        elif index in (PODS, JOBS):  # keyed by (namespace, name): see pods_of, job
+            keys = [key for key in found if key[0] == namespace]
+        else:
+            keys = [namespace]
         out = [
             obj
             for key in keys
@@ -134,6 +143,17 @@ class WatchCaches:
         ]
         return sorted(out, key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
 
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        assert self.indices is not None
+        return next(iter(self.indices[JOBS].get((namespace, name), ())), None)
+
+    def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The pods of one job. The pod index is keyed by (namespace, job label), so a pass finds its
+        job's pods without matching every pod of the namespace against a selector (a pass per event
+        of a thousand starting jobs each scanned two thousand pods)."""
+        assert self.indices is not None
+        return sorted(self.indices[PODS].get((namespace, job), ()), key=lambda o: o["metadata"]["name"])
+
 
 class CachedKube(Kube):
     """Kube whose list calls read the watch caches once they are ready."""
@@ -141,6 +161,10 @@ class CachedKube(Kube):
     def __init__(self, caches: WatchCaches, api: Any = None) -> None:
         super().__init__(api)
         self.caches = caches
+
+    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as the watch last showed it (slim_job), None when not there (yet)."""
+        return self.caches.job(namespace, name) if self.caches.ready else None
 
     async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         if not self.caches.ready:
@@ -155,6 +179,9 @@ class CachedKube(Kube):
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         if not self.caches.ready:
             return await super().list_pods(namespace, selector)
+        key, equals, job = selector.partition("=")
+        if key == LABEL_JOB and equals and job and "," not in job and not job.startswith("="):
+            return self.caches.pods_of(namespace, job)
         return self.caches.items(PODS, namespace, selector)
 
     async def list_quotas(self, namespace: str) -> list[dict[str, Any]]:

@@ -150,6 +150,9 @@ class FakeKube:
         self.job, self.rayjob = job, rayjob
         self.patched: list[dict[str, Any]] = []
 
+    def cached_job(self, namespace: str, name: str) -> None:
+        return None  # no watch cache: the job is read with get_job
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self.job
 

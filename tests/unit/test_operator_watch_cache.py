@@ -156,7 +156,13 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
     other_pod = slim_pod({**POD, "metadata": _meta("job-b-head", **{"rljob.dev/job": "job-b"})})
     caches = _caches(
         **{
-            PODS: {"ml": [other_pod, job_pod], "other": [slim_pod({**POD, "metadata": _meta("x", "other")})]},
+            PODS: {  # keyed by (namespace, job), as handlers.rljob_pods keys them
+                ("ml", "job-b"): [other_pod],
+                ("ml", "job-a"): [job_pod],
+                ("other", "job-a"): [
+                    slim_pod({**POD, "metadata": _meta("x", "other", **{"rljob.dev/job": "job-a"})})
+                ],
+            },
             RAYJOBS: {"ml": [slim_rayjob({"metadata": _meta("job-a", **MANAGED), "spec": {}})]},
             QUOTAS: {"ml": [slim_quota({"metadata": _meta("gpus"), "status": {"hard": {"g": "8"}}})]},
             NODES: {
@@ -165,9 +171,9 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
                     slim_node({"metadata": _meta("gpu-1", ""), "spec": {"unschedulable": True}}),
                 ]
             },
-            JOBS: {
-                "ml": [slim_job({"metadata": _meta("job-a"), "spec": {}})],
-                "team": [slim_job({"metadata": _meta("t", "team")})],
+            JOBS: {  # keyed by (namespace, name), as handlers.rljob_jobs keys them
+                ("ml", "job-a"): [slim_job({"metadata": _meta("job-a"), "spec": {}})],
+                ("team", "t"): [slim_job({"metadata": _meta("t", "team")})],
             },
         }
     )
@@ -176,6 +182,7 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
         return (
             await kube.list_pods("ml", "rljob.dev/job=job-a"),
             await kube.list_pods("ml", "rljob.dev/job"),
+            await kube.list_pods("ml", "rljob.dev/job=job-a,rljob.dev/role=head"),
             await kube.list_rayjobs("ml", "managed-by=me"),
             await kube.list_rayjobs("ml", "managed-by=else"),
             await kube.list_quotas("ml"),
@@ -185,10 +192,11 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
             await kube.list_jobs("team"),
         )
 
-    (pods_a, pods, rayjobs, none, quotas, no_quotas, nodes, jobs, team) = _run(caches, use)
+    (pods_a, pods, head, rayjobs, none, quotas, no_quotas, nodes, jobs, team) = _run(caches, use)
     assert api_lists == []  # no list call reached the API server
     assert [p["metadata"]["name"] for p in pods_a] == ["job-a-head"]
     assert [p["metadata"]["name"] for p in pods] == ["job-a-head", "job-b-head"]
+    assert head == []  # a selector beyond the job's label is matched, not looked up (no role label here)
     assert [r["metadata"]["name"] for r in rayjobs] == ["job-a"] and none == []
     assert [q["metadata"]["name"] for q in quotas] == ["gpus"] and no_quotas == []
     assert nodes == [NodeInfo("gpu-0", {}, {"g": "8"})]
@@ -200,3 +208,13 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
     # The cached objects themselves, not copies (callers only read them: the reconciler tests' FakeKube
     # hands out read-only objects to hold it to that).
     assert caches.items(PODS, "ml")[0] is pods_a[0]
+    kube = CachedKube.__new__(CachedKube)  # cached_job touches no client
+    kube.caches = caches
+    assert kube.cached_job("team", "t") is caches.items(JOBS, "team")[0]
+    assert kube.cached_job("team", "job-a") is None and kube.cached_job("ml", "t") is None
+
+
+def test_no_job_is_read_from_the_cache_before_the_handover() -> None:
+    kube = CachedKube.__new__(CachedKube)
+    kube.caches = WatchCaches()
+    assert kube.cached_job("ml", "job-a") is None  # None: the reconciler reads it from the API server

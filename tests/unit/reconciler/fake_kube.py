@@ -148,6 +148,9 @@ class FakeKube:
         self._clock = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
         self.slow_deletes = False  # delete_rayjob leaves the RayJob terminating (see there)
         self.watch: list[WatchEvent] = []  # every change, in order, until Harness.settle delivers it
+        # The operator's watch cache of jobs: each as its last delivered event showed it (behind the
+        # store until Harness.settle delivers the events).
+        self.cached: dict[tuple[str, str], dict[str, Any]] = {}
 
     # --- failure injection and call log ---
 
@@ -192,6 +195,10 @@ class FakeKube:
 
     async def close(self) -> None:
         self._enter("close")
+
+    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._enter("cached_job", namespace, name)
+        return self.cached.get((namespace, name))
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._enter("get_job", namespace, name)
@@ -566,10 +573,16 @@ async def _dispatch(event: WatchEvent) -> None:
     meta = event.obj["metadata"]
     namespace, labels = meta.get("namespace"), meta.get("labels") or {}
     if event.kind == JOB:
+        cache = handlers.reconciler().kube.cached  # type: ignore[attr-defined]
+        if event.type == "DELETED":  # kopf updates its indices before it calls the handlers
+            cache.pop((namespace, meta["name"]), None)
+        else:
+            cache[(namespace, meta["name"])] = event.obj
         raw = {"type": event.type, "object": event.obj}
         await handlers.job_event(event=raw, namespace=namespace, name=meta["name"])  # type: ignore[arg-type]
     elif event.kind == RAYJOB and labels.get(LABEL_MANAGED_BY) == MANAGED_BY:
-        await handlers.rayjob_event(namespace=namespace, labels=labels)
+        raw = {"type": event.type, "object": event.obj}
+        await handlers.rayjob_event(event=raw, namespace=namespace, name=meta["name"], labels=labels)  # type: ignore[arg-type]
     elif event.kind == POD and LABEL_JOB in labels:
         await handlers.pod_event(namespace=namespace, labels=labels)
     elif event.kind == QUOTA:
