@@ -269,11 +269,13 @@ def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path
     # meets the runtime's own refusal.
     training = valid.training.model_copy(
         update={
-            "dynamic_batch": valid.training.dynamic_batch.model_copy(update={"enabled": True}),
+            "parallelism": valid.training.parallelism.model_copy(update={"sequence_parallel": True}),
             "megatron_args": {"x": "1"},
         }
     )
-    with pytest.raises(RunError, match=r"training\.dynamicBatch .*; .*training\.megatronArgs"):
+    with pytest.raises(
+        RunError, match=r"training\.megatronArgs .*; .*training\.parallelism\.sequenceParallel"
+    ):
         prepare(valid.model_copy(update={"training": training}))
     spec = valid
     spec.rollout.async_.enabled = True
