@@ -72,7 +72,7 @@ RULE_CASES = [
         {"training": {"parallelism": {"expert": 1}}},
     ),
     Case(  # a sample is never truncated: the budget must hold maxResponseLen + one prompt token at least
-        "dynamic-batch-budget-below-the-longest-response",
+        "dynbatch-budget-below-longest-response",
         {"training": {"dynamicBatch": {"enabled": True, "maxTokensPerGpu": 1024}}},
         "spec.training.dynamicBatch.maxTokensPerGpu",
         "training.dynamicBatch.maxTokensPerGpu must hold the longest sample, data.maxPromptLength (1 when "
@@ -80,7 +80,7 @@ RULE_CASES = [
         {"training": {"dynamicBatch": {"enabled": True, "maxTokensPerGpu": 1025}}},
     ),
     Case(
-        "dynamic-batch-budget-below-the-longest-sample",
+        "dynbatch-budget-below-longest-sample",
         {
             "data": {"maxPromptLength": 512},
             "training": {"dynamicBatch": {"enabled": True, "maxTokensPerGpu": 1535}},
@@ -147,7 +147,7 @@ RULE_CASES = [
         {"training": {"megatronArgs": {"recompute-granularity": "selective"}}},
     ),
     Case(
-        "megatron-args-recompute-with-recompute-activations",
+        "megatron-args-and-recompute-activations",
         {"training": {"recomputeActivations": True, "megatronArgs": {"recompute-granularity": "selective"}}},
         "spec.training.megatronArgs",
         "megatronArgs recompute-* set the recompute that recomputeActivations turns on",

@@ -85,3 +85,10 @@ def test_total_gpus_by_layout() -> None:
 def test_round_trip_through_yaml_document_is_stable() -> None:
     spec = parse_spec(BASE_SPEC)
     assert parse_spec(spec.to_document()) == spec
+
+
+def test_case_names_make_valid_job_names() -> None:
+    """The e2e tests create each case as a job named after it ("bad-"/"ok-" + name): KubeRay's 47-character
+    limit on job names applies to them (a longer name fails there, not here)."""
+    too_long = [c.name for c in [*RULE_CASES, *SCHEMA_CASES] if len("bad-" + c.name) > 47]
+    assert not too_long
