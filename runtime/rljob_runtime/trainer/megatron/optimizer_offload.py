@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..offload import _bytes  # a uint8 tensor over a whole storage (the same swap)
 from .fusions import torch_optimizers
 
 # Adam's per-parameter state tensors that move with their parameter ("step" is a scalar: stays).
@@ -331,8 +332,3 @@ def _distributed_optimizer(optimizer: Any) -> Any:
 
 def _pairs_params(dist_opt: Any, name: str) -> list[torch.Tensor]:
     return [p for group in getattr(dist_opt, name) for p in group if isinstance(p, torch.Tensor)]
-
-
-def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A uint8 tensor over the whole storage."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
