@@ -15,6 +15,12 @@ RayClusters but never submits anything to Ray: the figures are the control plane
     .venv/bin/python tools/devcluster/devcluster.py up --name=bench
     .venv/bin/python benchmarks/operator_scale.py --cluster bench --jobs 100 500 1000
 
+As fast as they go, the jobs arrive at whatever rate the API server accepts them, which depends on
+how busy the rest of the control plane keeps it (16 to 25 jobs a second on two cores): that rate sets
+how big a backlog forms, so runs are comparable only at similar creation times. `--rate R` creates
+them on a fixed schedule (job i due i/R seconds in) for runs that compare operator versions.
+Where the machine's cores went until the last RayJob is reported per control-plane process.
+
 `--restart-mid-burst` instead SIGKILLs the operator once half the jobs are created, starts a new one,
 creates the rest, and counts the jobs whose child set is not exactly one RayJob (the same uid as
 before the kill) and one RayCluster (#20's "restarted mid-burst" case).
@@ -43,6 +49,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
@@ -77,9 +84,12 @@ def watch_added(
 ) -> None:
     w = watch.Watch()
     while not stop.is_set():
+        # Resumed where the last watch ended (it ends every 5 s to look at `stop`): started afresh, each
+        # one had the API server send every RayJob again, a load the runs before 2026-11-27 carried.
+        since = {"resource_version": w.resource_version} if w.resource_version else {}
         try:
             for event in w.stream(
-                api.list_namespaced_custom_object, "ray.io", "v1", ns, plural, timeout_seconds=5
+                api.list_namespaced_custom_object, "ray.io", "v1", ns, plural, timeout_seconds=5, **since
             ):
                 obj = event["object"]
                 name = obj["metadata"]["labels"].get(key) if key else obj["metadata"]["name"]
@@ -89,6 +99,8 @@ def watch_added(
                     break
         except ApiException as exc:  # an overloaded API server ends watches (500, 504): watch again
             print(f"watch {plural}: {exc.status} {exc.reason}; watching again", file=sys.stderr)
+            if exc.status == 410:
+                w.resource_version = None  # too old: start from a fresh list
             time.sleep(1)
 
 
@@ -105,11 +117,70 @@ def proc_stats(pid: int) -> dict[str, float]:
     }
 
 
+# The control plane's processes by /proc comm (the first 15 characters of the binary's name).
+COMPONENTS = {
+    "kube-apiserver": "API server",
+    "etcd": "etcd",
+    "ray-operator": "KubeRay",
+    "kube-controller": "controller manager",
+    "kube-scheduler": "scheduler",
+    "kwok": "kwok",
+}
+
+
+def component_cpu() -> dict[str, float]:
+    """CPU seconds so far of the control plane's processes, by component; "other": every other
+    process on the machine (the benchmark's own client, the devcluster's Ray head, other work)."""
+    out: dict[str, float] = {name: 0.0 for name in (*COMPONENTS.values(), "other")}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        name = next((v for k, v in COMPONENTS.items() if comm.startswith(k)), "other")
+        out[name] += (int(fields[11]) + int(fields[12])) / 100.0
+    return out
+
+
 def metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def histograms(text: str) -> dict[tuple[str, str], dict[float, float]]:
+    """Cumulative bucket counts of the operator's latency histograms: (metric, call) -> {le: count}."""
+    out: dict[tuple[str, str], dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("rljob_operator_reconcile_wait_seconds", "rljob_operator_api_request_seconds"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                key = (family.name, sample.labels.get("call", ""))
+                out.setdefault(key, {})[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def latency_breakdown(before: str, after: str) -> dict[str, dict[str, float]]:
+    """Between two scrapes: count and the bucket bound holding p50 and p99 of the pass waits and of each
+    kind of API request (where a burst's latency goes: waiting for a turn or on the API server)."""
+    old, new = histograms(before), histograms(after)
+    report = {}
+    for key, buckets in sorted(new.items()):
+        counts = {le: n - old.get(key, {}).get(le, 0.0) for le, n in sorted(buckets.items())}
+        total = counts[float("inf")]
+        if not total:
+            continue
+
+        def bound(q: float, counts: dict[float, float] = counts, total: float = total) -> float:
+            return next(le for le, n in counts.items() if n >= q * total)
+
+        name = "pass wait" if key[0].endswith("wait_seconds") else key[1]
+        report[name] = {"count": total, "p50_le_s": bound(0.5), "p99_le_s": bound(0.99)}
+    return report
 
 
 def passes(operator: OperatorProcess) -> float:
@@ -230,9 +301,10 @@ def one_round(
     jobs: int,
     timeout: float,
     prefix: str,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """Create `jobs` jobs at once, wait for every RayJob and RayCluster, delete the jobs and wait
-    until the operator tracks none of them."""
+    """Create `jobs` jobs at once (or `rate` a second), wait for every RayJob and RayCluster, delete
+    the jobs and wait until the operator tracks none of them."""
     created: dict[str, float] = {}
     rayjobs: dict[str, float] = {}
     clusters: dict[str, float] = {}
@@ -250,8 +322,12 @@ def one_round(
     assert operator.proc is not None
     before = proc_stats(operator.proc.pid)
     passes_before = passes(operator)
+    scrape_before = operator.metrics()
+    cpu_before = component_cpu()
 
     def create(i: int) -> None:
+        if rate:  # job i is due i/rate seconds in: a fixed arrival schedule, whatever the server's speed
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
         name = f"{prefix}-{i:05d}"  # new names each round: the last round's RayClusters may still be going
         body = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name}}
         custom.create_namespaced_custom_object(
@@ -264,16 +340,20 @@ def one_round(
         list(pool.map(create, range(jobs)))
     create_seconds = time.monotonic() - start
     created_stats = proc_stats(operator.proc.pid)
-    wait_until(lambda: len(rayjobs) >= jobs, timeout, "RayJobs")
+    # This round's only: a new watch lists the RayJobs and RayClusters of the rounds before too (their
+    # garbage collection takes minutes), which ended the wait at once and left the slowest jobs out.
+    wait_until(lambda: all(n in rayjobs for n in list(created)), timeout, "RayJobs")
     rayjobs_seconds, rayjobs_stats = time.monotonic() - start, proc_stats(operator.proc.pid)
-    wait_until(lambda: len(clusters) >= jobs, timeout, "RayClusters")
+    cpu_burst = component_cpu()
+    wait_until(lambda: all(n in clusters for n in list(created)), timeout, "RayClusters")
     total_seconds = time.monotonic() - start
     stop.set()
     loaded = proc_stats(operator.proc.pid)
     passes_loaded = passes(operator)
+    breakdown = latency_breakdown(scrape_before, operator.metrics())
 
     job_latency = [rayjobs[n] - created[n] for n in created if n in rayjobs]
-    cluster_latency = [clusters[n] - rayjobs[n] for n in rayjobs if n in clusters]
+    cluster_latency = [clusters[n] - rayjobs[n] for n in created if n in clusters and n in rayjobs]
     figures = {
         "created_in_s": round(create_seconds, 1),
         "all_rayjobs_and_clusters_in_s": round(total_seconds, 1),
@@ -292,6 +372,13 @@ def one_round(
         "operator_cpu_ms_per_job": round(1000 * (loaded["cpu_s"] - before["cpu_s"]) / jobs, 1),
         "reconcile_passes_per_job": round((passes_loaded - passes_before) / jobs, 1),
         "operator_peak_rss_mib": round(loaded["peak_rss_mib"], 1),
+        # Until the last RayCluster: passes' waits for a turn, and the operator's API requests by call.
+        "latency_breakdown": breakdown,
+        # Where the machine's cores went from the first create to the last RayJob (cores: CPU seconds
+        # per second; "other" holds the operator, this script and anything else running).
+        "cores_until_last_rayjob": {
+            name: round((cpu_burst[name] - cpu_before[name]) / rayjobs_seconds, 2) for name in cpu_burst
+        },
     }
     print(json.dumps({"jobs": jobs, "loaded": figures}), flush=True)  # kept should the deletion fail
 
@@ -341,6 +428,13 @@ def main() -> int:
     parser.add_argument("--cluster", default="rljob-dev", help="the devcluster's name")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="create the jobs at this many a second (default: as fast as the API server takes them, "
+        "which varies with its load and so sets how big a backlog forms)",
+    )
+    parser.add_argument(
         "--restart-mid-burst", action="store_true", help="kill and restart the operator halfway instead"
     )
     parser.add_argument(
@@ -376,7 +470,7 @@ def main() -> int:
                 rounds = [restart_round(custom, operator, ns, jobs, args.timeout)]
             else:
                 rounds = [
-                    one_round(custom, operator, ns, jobs, args.timeout, prefix=f"r{r}")
+                    one_round(custom, operator, ns, jobs, args.timeout, prefix=f"r{r}", rate=args.rate)
                     for r in range(args.rounds)
                 ]
         finally:

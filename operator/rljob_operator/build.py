@@ -132,8 +132,9 @@ def build_prerequisites(job: Job, settings: BuildSettings) -> list[dict[str, Any
 
 
 def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> dict[str, Any]:
-    """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, quota, Kueue);
-    None leaves the field out, so whoever owns it (Kueue) keeps it."""
+    """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, quota, Kueue): True
+    sets it; False and None leave the field out (False: nobody else owns it, so it is removed; None:
+    whoever owns it, Kueue, keeps it)."""
     spec = job.spec
     labels = child_labels(job.name, "rayjob")
     if spec.queue_name:
@@ -157,10 +158,13 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
         workers=[_worker_group_spec(job, group, settings) for group in worker_groups(job)],
     )
     rayjob_spec = rayjob["spec"]
-    rayjob_spec["suspend"] = suspend
-    if suspend is None:
-        del rayjob_spec["suspend"]
-    if spec.ttl_seconds_after_finished is not None:
+    # Zero values are left out: KubeRay's Go types drop them (`omitempty`) when it writes the RayJob (it
+    # adds its finalizer at creation), which moved the RayJob's generation and cost a second apply of
+    # every new RayJob to put `suspend: false` back. Left out, the operator owns no such field, and a
+    # `suspend: true` it applied before (a queued job) goes when it stops applying it: admitted.
+    if suspend:
+        rayjob_spec["suspend"] = True
+    if spec.ttl_seconds_after_finished:
         rayjob_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     deadline = active_deadline_seconds(job)
     if deadline is not None:
@@ -275,5 +279,9 @@ def _worker_group_spec(job: Job, group: WorkerGroup, settings: BuildSettings) ->
         # The custom resource lets the runtime's placement groups target exactly these pods.
         "resources": {group.ray_resource: str(group.gpus_per_pod)},
         "rayStartParams": {},
+        # As KubeRay writes it (a Go struct: never left out): without it, KubeRay's first write of the
+        # RayJob (its finalizer) added it, which moved the RayJob's generation, and the operator's apply
+        # that followed took it out again: two more writes and a pass per new job.
+        "scaleStrategy": {},
         "template": pod_template(job, pods, capabilities=settings.gpu_capabilities),
     }

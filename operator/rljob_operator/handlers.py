@@ -83,11 +83,9 @@ async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # cluster-wide list/watch on both, which the chart's least-privilege role does not grant.
     settings.scanning.disabled = True
     await load_config()
+    metrics = _state.setdefault("metrics", Metrics())
     _state["reconciler"] = Reconciler(
-        CachedKube(_caches),
-        Options.settings,
-        _state.setdefault("metrics", Metrics()),
-        _emit,
+        CachedKube(_caches, on_request=metrics.observe_request), Options.settings, metrics, _emit
     )
     _state["resync"] = asyncio.create_task(_resync_forever())
 
@@ -130,8 +128,8 @@ async def rljob_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any
 
 
 @kopf.index("ray.io", "v1", "rayjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
-async def rljob_rayjobs(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {namespace: slim_rayjob(body)}
+async def rljob_rayjobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim_rayjob(body)}  # a pass reads its job's RayJob from here
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
@@ -171,6 +169,8 @@ async def rayjob_event(
 ) -> None:
     assert namespace is not None
     _caches.capture(kwargs)
+    # The index now has this RayJob as the event shows it (kopf indexes before it calls handlers).
+    reconciler().rayjob_seen(namespace, name, (event["object"].get("metadata") or {}).get("uid", ""))
     if LABEL_JOB in labels:
         # The version lets the reconciler skip the event of its own apply; a deletion always runs a pass.
         version = (event["object"].get("metadata") or {}).get("resourceVersion")

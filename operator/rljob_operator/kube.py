@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -91,7 +92,13 @@ async def _json(response: Any) -> Any:
 class Kube:
     """The operator's API calls, each returning plain dicts."""
 
-    def __init__(self, api: client.ApiClient | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        on_request: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """`on_request(call, seconds)`: told the wall time of every request (the operator's metrics)."""
+        self.on_request = on_request
         if api is None:
             api = client.ApiClient()
             without_env_lookups(api)
@@ -105,6 +112,7 @@ class Kube:
         await self.api.close()
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
             response = await method(
                 *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
@@ -112,6 +120,9 @@ class Kube:
             return await _json(response)
         except TimeoutError as exc:  # aiohttp's says nothing
             raise TimeoutError(timeout_message(method.__name__)) from exc
+        finally:
+            if self.on_request is not None:
+                self.on_request(method.__name__, time.perf_counter() - started)
 
     async def _get_or_none(self, method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any] | None:
         try:
@@ -220,9 +231,15 @@ class Kube:
 
     # ----------------------------------------------------------------------------------- reads
 
-    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job from a watch cache, when one has it (watch_cache.CachedKube); None: read it."""
-        return None
+    def cached_job(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the job or None) when a watch cache answers (watch_cache.CachedKube); (False, None):
+        none does, read it."""
+        return False, None
+
+    def cached_rayjob(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the RayJob or None) when a watch cache answers (watch_cache.CachedKube); (False,
+        None): none does, read it."""
+        return False, None
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_or_none(

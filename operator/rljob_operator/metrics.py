@@ -23,6 +23,7 @@ from rljob_api.status import PHASES
 
 JobKey = tuple[str, str]  # (namespace, name)
 JOB_LABELS = ("namespace", "name")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ class Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        # Where a burst's latency goes: waiting for a turn, or waiting on the API server.
+        self.pass_wait = Histogram(
+            "rljob_operator_reconcile_wait_seconds",
+            "Time a reconcile pass waited for its turn and its job's lock before starting.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.api_requests = Histogram(
+            "rljob_operator_api_request_seconds",
+            "Wall time of one API server request by the operator (the client call's name).",
+            ["call"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.jobs = Gauge("rljob_operator_jobs", "RLTrainingJobs by phase.", ["phase"], registry=registry)
         self.queued_gpus = Gauge(
             "rljob_operator_queued_gpus",
@@ -90,6 +105,9 @@ class Metrics:
             lambda: sum(s.gpus for s in self._snapshot().values() if s.phase == "Queued")
         )
         self.tracked_jobs.set_function(lambda: len(self.keys()))
+
+    def observe_request(self, call: str, seconds: float) -> None:
+        self.api_requests.labels(call=call).observe(seconds)
 
     def observe(self, key: JobKey, status: Mapping[str, Any]) -> None:
         """Record the job's status as the reconciler computed it (with the runtime's progress)."""

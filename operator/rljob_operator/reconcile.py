@@ -93,6 +93,9 @@ FOREGROUND_PASSES = 64
 # Passes for events of a job's RayJob and pods take turns of their own, this many at a time: in a burst
 # of new jobs the first passes (job events) never wait behind a pass per status write KubeRay makes.
 BACKGROUND_PASSES = 4
+# How long a RayJob the operator wrote is read from the API server while its watch event does not come
+# (the resync drops older marks): the event comes within seconds unless the watch broke meanwhile.
+UNSEEN_RAYJOB_SECONDS = 60
 # What called for a pass: ("job", resourceVersion) for a job event, ("RayJob", name, resourceVersion)
 # for an event of one of its RayJobs, None for anything else (its pods, a retry, the resync).
 Cause = tuple[str, ...] | None
@@ -160,6 +163,12 @@ class Reconciler:
         # The job's version our last status write made, until its watch event arrives: till then the
         # watch cache may show the job from before that write, and a pass reads it from the API server.
         self._unseen: dict[JobKey, str] = {}
+        # The training RayJobs (namespace, name) the operator applied or deleted whose watch event has
+        # not arrived: till then the index may not show them (a RayJob just created is not there yet),
+        # and a pass reads them from the API server. Kept past the job's forget(): a job deleted and
+        # created again at once must not take the index's word that no RayJob of its name exists (an
+        # apply would take over the old job's RayJob). The uid (which RayJob of that name) and when.
+        self._rayjobs_unseen: dict[tuple[str, str], tuple[str, float]] = {}
         self._specs = SpecCache()
         # Read from the /metrics thread: set(dict) copies in one C call under the GIL.
         self._applied = AppliedChildren()
@@ -170,6 +179,7 @@ class Reconciler:
                 | set(self._retries)
                 | set(self._own_writes)
                 | set(self._unseen)
+                | set(self._rayjobs_unseen)
                 | self._applied.jobs()
                 | self._specs.jobs()
             )
@@ -207,6 +217,7 @@ class Reconciler:
         lock = self._locks.setdefault(key, asyncio.Lock())
         slot, turn = (key, background), self._turns[background]
         causes = self._waiting[slot] = [cause]
+        asked = time.perf_counter()
         try:
             await turn.acquire()
             try:
@@ -216,6 +227,7 @@ class Reconciler:
                 raise
         finally:
             self._waiting.pop(slot, None)
+        self.metrics.pass_wait.observe(time.perf_counter() - asked)
         try:
             # Again: the event of a write can come before the pass that wrote has its answer.
             if all(self._written_by_us(key, c) for c in causes):
@@ -224,6 +236,29 @@ class Reconciler:
         finally:
             lock.release()
             turn.release()
+
+    def rayjob_seen(self, namespace: str, name: str, uid: str) -> None:
+        """A watch event of this RayJob arrived, and kopf updated the index before it called the
+        handler: the index knows the RayJob (or that it is gone) from here on. Any event of the RayJob
+        the operator wrote will do, not only that of its write: what a pass needs from the index is
+        whether the RayJob exists; a version older than the write only makes the next pass apply
+        again. An event of another RayJob of that name (one deleted for a restart) does not."""
+        if self._rayjobs_unseen.get((namespace, name), ("",))[0] == uid:
+            del self._rayjobs_unseen[(namespace, name)]
+
+    def _rayjob_unseen(self, namespace: str, name: str, uid: str) -> None:
+        self._rayjobs_unseen[(namespace, name)] = (uid, time.monotonic())
+
+    def _rayjob_written(self, namespace: str, written: Mapping[str, Any]) -> None:
+        """The operator applied this RayJob: till a watch event of it arrives, passes read it from the
+        API server, unless the event has come already (before the write's answer)."""
+        meta = written.get("metadata") or {}
+        if not meta.get("name") or not meta.get("uid"):
+            return
+        known, cached = self.kube.cached_rayjob(namespace, meta["name"])
+        version = ((cached or {}).get("metadata") or {}).get("resourceVersion")
+        if not known or version is None or version != meta.get("resourceVersion"):
+            self._rayjob_unseen(namespace, meta["name"], meta["uid"])
 
     def _written_by_us(self, key: JobKey, cause: Cause) -> bool:
         return cause is not None and cause in self._own_writes.get(key, ())
@@ -306,13 +341,26 @@ class Reconciler:
 
     async def _read_job(self, key: JobKey) -> dict[str, Any] | None:
         """The job from the watch cache (its event started this pass, or the cache is as new as our last
-        write), else from the API server: while the event of our last status write has not arrived, or
-        when the cache does not have the job (a deleted job's pass asks the API server)."""
+        write), else from the API server: while the event of our last status write has not arrived, and
+        before the caches are handed over. A job the cache does not have is gone: every pass for a job
+        comes after its first event (kopf indexes before it calls the handlers), so a pass for one that
+        is not there was asked for by its deletion or by an event of its children after it (garbage
+        collection deleting them: a GET each, thousands when many jobs go at once)."""
         if key not in self._unseen:
-            cached = self.kube.cached_job(*key)
-            if cached is not None:
+            known, cached = self.kube.cached_job(*key)
+            if known:
                 return cached
         return await self.kube.get_job(*key)
+
+    async def _read_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job's RayJob from the watch cache (kopf's index: the event that started this pass is in
+        it), else from the API server: before the caches are handed over, and while a RayJob the
+        operator applied or deleted has not come back through the watch."""
+        if (namespace, name) not in self._rayjobs_unseen:
+            known, cached = self.kube.cached_rayjob(namespace, name)
+            if known:
+                return cached
+        return await self.kube.get_rayjob(namespace, name)
 
     async def _reconcile(self, namespace: str, name: str) -> None:
         obj = await self._read_job((namespace, name))
@@ -325,7 +373,7 @@ class Reconciler:
             self.emit(obj, "Warning", "InvalidSpec", str(exc))
             return
         now = self.clock()
-        rayjob = await self.kube.get_rayjob(namespace, rayjob_name(name))
+        rayjob = await self._read_rayjob(namespace, rayjob_name(name))
         leftover = None
         if rayjob is not None and not job.owns(rayjob):
             # An earlier job of this name was deleted and this one created (kubectl replace --force,
@@ -351,15 +399,18 @@ class Reconciler:
             if blocker is None:
                 create, suspend, queue = await self._admission(job, rayjob)
                 if create:
-                    if rayjob is None and not job.status.get("phase"):
-                        job = await self._record_pending(obj, job, Observed(now, None, None, queue))
-                    # At once: none of the prerequisites needs another to exist.
-                    await all_of(
+                    new = rayjob is None and not job.status.get("phase")
+                    # At once: none of the prerequisites needs another to exist, and a new job's
+                    # Pending status goes with them (they run nothing); its RayJob comes after all.
+                    done = await all_of(
+                        *([self._record_pending(obj, job, Observed(now, None, None, queue))] if new else []),
                         *(
                             self._apply_child(job, c, read=False)
                             for c in build_prerequisites(job, self.settings)
-                        )
+                        ),
                     )
+                    if new:
+                        job = done[0]
                     if rayjob is None and needs_megatron_checkpoint(job) and not job.spec.suspend:
                         # Training starts from the model cache's Megatron checkpoint: made first.
                         want = megatron_conversion(job, RLJOB_CACHE)
@@ -432,6 +483,7 @@ class Reconciler:
         if rayjob["metadata"].get("deletionTimestamp"):
             return job, rayjob  # deleted by an earlier pass: still going
         await self.kube.delete_rayjob(job.namespace, rayjob["metadata"]["name"], failure.uid)
+        self._rayjob_unseen(job.namespace, rayjob["metadata"]["name"], failure.uid)  # its event: on the way
         return job, await self.kube.get_rayjob(job.namespace, rayjob["metadata"]["name"])
 
     async def _conversion(self, job: Job, want: Wanted, conversions: Conversions) -> str:
@@ -467,6 +519,12 @@ class Reconciler:
         self._applied.forget_all()
         if present is not None:
             self._specs.keep_only(present)
+            # A RayJob whose event never came (a watch re-listed meanwhile) is read from the API server
+            # for a minute, not forever.
+            stale = time.monotonic() - UNSEEN_RAYJOB_SECONDS
+            for key, (_, since) in list(self._rayjobs_unseen.items()):
+                if since < stale:
+                    del self._rayjobs_unseen[key]
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted job leaves no per-job state behind (locks, failure counts, pending retries,
@@ -503,6 +561,8 @@ class Reconciler:
         except Exception as exc:
             raise ChildWriteError(child["kind"], child["metadata"]["name"], exc) from exc
         self._applied.record(key, slot, child, result)
+        if child["kind"] == "RayJob" and child["metadata"]["name"] == rayjob_name(job.name):
+            self._rayjob_written(job.namespace, result)
         return result
 
     async def _report_trouble(self, namespace: str, name: str, shown: Trouble) -> None:
@@ -530,8 +590,8 @@ class Reconciler:
             log.error("cannot report %s on %s/%s: %s", shown.reason, namespace, name, describe_api_error(exc))
 
     async def _record_pending(self, obj: dict[str, Any], job: Job, observed: Observed) -> Job:
-        """A new job is Pending before its children exist: watchers (kubectl get -w, kstatus,
-        GitOps tools) see it accepted even when creating them takes a while or fails."""
+        """A new job is Pending before its RayJob exists: watchers (kubectl get -w, kstatus, GitOps
+        tools) see it accepted even when creating it takes a while or fails."""
         pending = compute_status(job, observed)
         await self._write_status(obj, pending)
         self._announce(obj, job, pending)

@@ -14,7 +14,7 @@ thousand jobs would otherwise hold tens of megabytes of managedFields and specs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .checks import NodeInfo
@@ -30,8 +30,8 @@ JOBS, RAYJOBS, PODS, QUOTAS, NODES = (
     "rljob_nodes",
 )
 INDICES = (JOBS, RAYJOBS, PODS, QUOTAS, NODES)
-# Keyed by namespace (nodes: None), but the jobs by (namespace, name) and the pods by (namespace, the
-# job they are labelled with): a pass looks up its own job and pods without scanning the namespace.
+# Keyed by namespace (nodes: None), but the jobs and RayJobs by (namespace, name) and the pods by
+# (namespace, the job they are labelled with): a pass looks up its own without scanning the namespace.
 Index = Mapping[Any, Iterable[dict[str, Any]]]  # the slim_* dicts the index handlers return
 
 
@@ -55,8 +55,15 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_rayjob(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A RayJob as the quota decision reads it: whose it is, and whether it is suspended."""
-    return {"metadata": _meta(body), "spec": _pick(body.get("spec") or {}, "suspend")}
+    """A RayJob as a pass and the quota decision read it: whose it is (ownerReferences), which
+    version (generation: whether it was edited since the operator applied it), whether it is
+    suspended, and its status (KubeRay's, a few fields plus its Ray cluster's summary). Not its spec:
+    the Ray cluster's pod templates are the operator's own and the largest part of it."""
+    return {
+        "metadata": _meta(body, "generation", "resourceVersion", "ownerReferences"),
+        "spec": _pick(body.get("spec") or {}, "suspend"),
+        "status": dict(body.get("status") or {}),
+    }
 
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +137,7 @@ class WatchCaches:
         found = self.indices[index]
         if namespace is None:
             keys = list(found)
-        elif index in (PODS, JOBS):  # keyed by (namespace, name): see pods_of, job
+        elif index in (PODS, JOBS, RAYJOBS):  # keyed by (namespace, name): see pods_of, job, rayjob
             keys = [key for key in found if key[0] == namespace]
         else:
             keys = [namespace]
@@ -147,6 +154,10 @@ class WatchCaches:
         assert self.indices is not None
         return next(iter(self.indices[JOBS].get((namespace, name), ())), None)
 
+    def rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        assert self.indices is not None
+        return next(iter(self.indices[RAYJOBS].get((namespace, name), ())), None)
+
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The pods of one job. The pod index is keyed by (namespace, job label), so a pass finds its
         job's pods without matching every pod of the namespace against a selector (a pass per event
@@ -158,13 +169,21 @@ class WatchCaches:
 class CachedKube(Kube):
     """Kube whose list calls read the watch caches once they are ready."""
 
-    def __init__(self, caches: WatchCaches, api: Any = None) -> None:
-        super().__init__(api)
+    def __init__(
+        self, caches: WatchCaches, api: Any = None, on_request: Callable[[str, float], None] | None = None
+    ) -> None:
+        super().__init__(api, on_request)
         self.caches = caches
 
-    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job as the watch last showed it (slim_job), None when not there (yet)."""
-        return self.caches.job(namespace, name) if self.caches.ready else None
+    def cached_job(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the job as the watch last showed it (slim_job), or None: there is none) once the caches
+        are ready; (False, None) before."""
+        return (True, self.caches.job(namespace, name)) if self.caches.ready else (False, None)
+
+    def cached_rayjob(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the RayJob as the watch last showed it (slim_rayjob), or None: there is none) once
+        the caches are ready; (False, None) before."""
+        return (True, self.caches.rayjob(namespace, name)) if self.caches.ready else (False, None)
 
     async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         if not self.caches.ready:

@@ -84,6 +84,9 @@ def test_gpu_job_runs_on_kuberay_with_pods_placed_by_the_scheduler(
     groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
     assert set(groups) == {"trainer", "rollout"}
     assert rayjob["metadata"]["ownerReferences"][0]["kind"] == KIND
+    # Written once: KubeRay's writes (its finalizer) leave the spec as the operator applied it, so the
+    # operator never applies it again (they used to move its generation: a second apply per RayJob).
+    assert rayjob["metadata"]["generation"] == 1
     pods = crd.list("pods", namespace, "rljob.dev/job=disagg")
     nodes = {p["metadata"]["labels"]["rljob.dev/role"]: [] for p in pods}
     for p in pods:

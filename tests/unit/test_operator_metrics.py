@@ -150,8 +150,11 @@ class FakeKube:
         self.job, self.rayjob = job, rayjob
         self.patched: list[dict[str, Any]] = []
 
-    def cached_job(self, namespace: str, name: str) -> None:
-        return None  # no watch cache: the job is read with get_job
+    def cached_job(self, namespace: str, name: str) -> tuple[bool, None]:
+        return False, None  # no watch cache: the job is read with get_job
+
+    def cached_rayjob(self, namespace: str, name: str) -> tuple[bool, None]:
+        return False, None  # nor the RayJob: get_rayjob
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self.job

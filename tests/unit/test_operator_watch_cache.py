@@ -68,8 +68,14 @@ def test_slim_objects_keep_what_the_operator_reads_and_drop_the_rest() -> None:
     assert "managedFields" not in pod["metadata"] and "volumes" not in pod["spec"]
     assert pod["spec"]["containers"] == [{"name": "ray-head", "resources": {"requests": {"cpu": "2"}}}]
     assert pod["status"] == POD["status"] and pod["metadata"]["creationTimestamp"] == "2026-11-26T10:00:00Z"
-    rayjob = slim_rayjob({"metadata": _meta("job-a"), "spec": {"suspend": True, "entrypoint": "x" * 1000}})
-    assert rayjob == {"metadata": _meta("job-a"), "spec": {"suspend": True}}
+    owners = [{"uid": "u1", "controller": True}]
+    full = {
+        "metadata": {**_meta("job-a"), "generation": 2, "resourceVersion": "7", "ownerReferences": owners},
+        "spec": {"suspend": True, "entrypoint": "x" * 1000, "rayClusterSpec": {"headGroupSpec": {}}},
+        "status": {"jobDeploymentStatus": "Running", "rayClusterStatus": {"readyWorkerReplicas": 1}},
+    }
+    rayjob = slim_rayjob({**full, "metadata": {**full["metadata"], "managedFields": [{}] * 3}})
+    assert rayjob == {**full, "spec": {"suspend": True}}  # what a pass reads; not the pod templates
     quota = slim_quota(
         {"metadata": _meta("q"), "spec": {"hard": {}}, "status": {"hard": {"a": "1"}, "used": {}}}
     )
@@ -163,7 +169,9 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
                     slim_pod({**POD, "metadata": _meta("x", "other", **{"rljob.dev/job": "job-a"})})
                 ],
             },
-            RAYJOBS: {"ml": [slim_rayjob({"metadata": _meta("job-a", **MANAGED), "spec": {}})]},
+            RAYJOBS: {  # keyed by (namespace, name), as handlers.rljob_rayjobs keys them
+                ("ml", "job-a"): [slim_rayjob({"metadata": _meta("job-a", **MANAGED), "spec": {}})]
+            },
             QUOTAS: {"ml": [slim_quota({"metadata": _meta("gpus"), "status": {"hard": {"g": "8"}}})]},
             NODES: {
                 None: [
@@ -210,11 +218,14 @@ def test_lists_are_served_from_the_indices_sorted_and_filtered(api_lists: list[s
     assert caches.items(PODS, "ml")[0] is pods_a[0]
     kube = CachedKube.__new__(CachedKube)  # cached_job touches no client
     kube.caches = caches
-    assert kube.cached_job("team", "t") is caches.items(JOBS, "team")[0]
-    assert kube.cached_job("team", "job-a") is None and kube.cached_job("ml", "t") is None
+    assert kube.cached_job("team", "t")[1] is caches.items(JOBS, "team")[0]
+    assert kube.cached_job("team", "job-a") == (True, None) == kube.cached_job("ml", "t")
+    assert kube.cached_rayjob("ml", "job-a") == (True, rayjobs[0])
+    assert kube.cached_rayjob("team", "job-a") == (True, None)  # known: there is none
 
 
 def test_no_job_is_read_from_the_cache_before_the_handover() -> None:
     kube = CachedKube.__new__(CachedKube)
     kube.caches = WatchCaches()
-    assert kube.cached_job("ml", "job-a") is None  # None: the reconciler reads it from the API server
+    assert kube.cached_job("ml", "job-a") == (False, None)  # not known: the reconciler reads it
+    assert kube.cached_rayjob("ml", "job-a") == (False, None)  # not known: read it

@@ -52,7 +52,7 @@ from rljob_operator.kube import PLURALS, Kube, timeout_message
 from rljob_operator.metrics import Metrics
 from rljob_operator.names import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, MANAGED_BY
 from rljob_operator.reconcile import Reconciler
-from rljob_operator.watch_cache import selected  # the API server's equality selectors
+from rljob_operator.watch_cache import selected, slim_rayjob  # selected: the API server's selectors
 
 from spec_cases import BASE_SPEC, patched
 
@@ -151,6 +151,10 @@ class FakeKube:
         # The operator's watch cache of jobs: each as its last delivered event showed it (behind the
         # store until Harness.settle delivers the events).
         self.cached: dict[tuple[str, str], dict[str, Any]] = {}
+        # Its index of RayJobs (slim_rayjob, as kopf's), from the first delivered event on: handlers.py
+        # hands the caches over in the first handler that runs.
+        self.cached_rayjobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.caches_ready = False
 
     # --- failure injection and call log ---
 
@@ -196,9 +200,16 @@ class FakeKube:
     async def close(self) -> None:
         self._enter("close")
 
-    def cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def cached_job(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
         self._enter("cached_job", namespace, name)
-        return self.cached.get((namespace, name))
+        return (True, self.cached.get((namespace, name))) if self.caches_ready else (False, None)
+
+    def cached_rayjob(self, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        self._enter("cached_rayjob", namespace, name)
+        if not self.caches_ready:
+            return False, None
+        cached = self.cached_rayjobs.get((namespace, name))
+        return True, frozen(cached) if cached is not None else None
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._enter("get_job", namespace, name)
@@ -503,24 +514,40 @@ class Harness:
     def reconcile(self, name: str, namespace: str = "ml") -> None:
         self._run(lambda: self.reconciler.reconcile(namespace, name))
 
-    def settle(self, limit: int = 200) -> int:
+    def settle(self, limit: int = 200, only: str | None = None) -> int:
         """Deliver the watch events so far, and those the passes cause, one at a time through
-        handlers.py's handlers, as kopf would; returns how many passes ran. Fails on a loop."""
+        handlers.py's handlers, as kopf would; returns how many passes ran. Fails on a loop. `only`: a
+        kind (RAYJOB, say): deliver its events only, the others stay on their way."""
         passes = self.passes()
 
         async def deliver() -> None:
             handlers._state["reconciler"] = self.reconciler
             try:
                 for _ in range(limit):
-                    if not self.kube.watch:
+                    ready = [i for i, e in enumerate(self.kube.watch) if only is None or e.kind == only]
+                    if not ready:
                         return
-                    await _dispatch(self.kube.watch.pop(0))
+                    await _dispatch(self.kube.watch.pop(ready[0]))
                 raise AssertionError(f"events still coming after {limit}: {self.kube.watch[:3]}")
             finally:
                 handlers._state.pop("reconciler", None)
 
         self._run(deliver)
         return int(self.passes() - passes)
+
+    def deliver_next(self, kind: str) -> None:
+        """Deliver the next watch event of `kind` only (the others stay on their way)."""
+        event = next(e for e in self.kube.watch if e.kind == kind)
+        self.kube.watch.remove(event)
+
+        async def deliver() -> None:
+            handlers._state["reconciler"] = self.reconciler
+            try:
+                await _dispatch(event)
+            finally:
+                handlers._state.pop("reconciler", None)
+
+        self._run(deliver)
 
     def passes(self) -> float:
         return self.reconciles("ok") + self.reconciles("error")
@@ -572,6 +599,14 @@ async def _dispatch(event: WatchEvent) -> None:
     """One watch event to the kopf handler that watches its kind (with the handlers' label filters)."""
     meta = event.obj["metadata"]
     namespace, labels = meta.get("namespace"), meta.get("labels") or {}
+    kube = handlers.reconciler().kube
+    kube.caches_ready = True  # type: ignore[attr-defined]
+    if event.kind == RAYJOB and labels.get(LABEL_MANAGED_BY) == MANAGED_BY:  # kopf indexes first
+        rayjobs = kube.cached_rayjobs  # type: ignore[attr-defined]
+        if event.type == "DELETED":
+            rayjobs.pop((namespace, meta["name"]), None)
+        else:
+            rayjobs[(namespace, meta["name"])] = slim_rayjob(event.obj)
     if event.kind == JOB:
         cache = handlers.reconciler().kube.cached  # type: ignore[attr-defined]
         if event.type == "DELETED":  # kopf updates its indices before it calls the handlers

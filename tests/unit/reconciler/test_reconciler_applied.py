@@ -71,6 +71,8 @@ def test_a_deleted_job_leaves_no_memory_of_its_children() -> None:
     assert h.reconciler.metrics.keys() == {KEY}
     h.kube.delete(JOB, "ml", "job-a")
     h.reconcile("job-a")
+    assert h.reconciler.metrics.keys() == {KEY}  # its RayJob's watch event has not arrived yet
+    h.settle()  # it arrives (and garbage collection's deletion of it)
     assert h.reconciler.metrics.keys() == set()
     assert h.registry.get_sample_value("rljob_operator_tracked_jobs") == 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fake_kube import BINDING, RAYJOB, Harness, server_error
+from fake_kube import BINDING, JOB, RAYJOB, Harness, server_error
 
 from rljob_operator.reconcile import BACKGROUND_PASSES, FOREGROUND_PASSES
 
@@ -22,13 +22,13 @@ def _started(h: Harness, *names: str) -> None:
 
 
 class Held:
-    """Holds every pass at its get_rayjob call until released; counts how many are held at once."""
+    """Holds every pass where it reads its RayJob until released; counts how many are held at once."""
 
     def __init__(self, h: Harness) -> None:
         self.release = asyncio.Event()
         self.now = self.most = 0
         self.names: list[str] = []
-        get_rayjob = h.kube.get_rayjob
+        read_rayjob = h.reconciler._read_rayjob
 
         async def held(namespace: str, name: str) -> dict[str, Any] | None:
             self.now += 1
@@ -36,9 +36,9 @@ class Held:
             self.names.append(name)
             await self.release.wait()
             self.now -= 1
-            return await get_rayjob(namespace, name)
+            return await read_rayjob(namespace, name)
 
-        h.kube.get_rayjob = held  # type: ignore[method-assign]
+        h.reconciler._read_rayjob = held  # type: ignore[method-assign]
 
 
 def test_child_event_passes_take_turns_and_a_job_event_does_not_wait_for_them() -> None:
@@ -46,7 +46,10 @@ def test_child_event_passes_take_turns_and_a_job_event_does_not_wait_for_them() 
     h.kube.add_node("gpu-0", gpus=8)
     jobs = [f"job-{i}" for i in range(BACKGROUND_PASSES + 3)]
     _started(h, *jobs)
-    h.kube.create_job("job-new")  # its event not delivered yet: the test calls its pass
+    h.kube.create_job(
+        "job-new"
+    )  # its event indexed, as kopf does before the handler; the test calls its pass
+    h.kube.cached[("ml", "job-new")] = h.kube.get(JOB, "ml", "job-new") or {}
     passes = h.passes()
     held = Held(h)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_kube import Harness, one_gpu_job
+from fake_kube import JOB, RAYJOB, Harness, one_gpu_job
 
 
 def _gets(h: Harness) -> int:
@@ -19,7 +19,7 @@ def _running_written_not_seen() -> Harness:
     h = one_gpu_job()
     h.settle()
     h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
-    h.reconcile("job-a")
+    h.settle(only=RAYJOB)  # KubeRay's write arrives and runs a pass; that pass's own write does not
     assert h.status("job-a")["phase"] == "Running"
     return h
 
@@ -57,7 +57,21 @@ def test_without_that_guard_the_stale_cache_announces_again() -> None:
     h.reconciler._unseen = _Forgetful()  # never waits for our write's event
     h.settle()
     h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
-    h.reconcile("job-a")
+    h.settle(only=RAYJOB)
     announced = [reason for _, reason, _ in h.events].count("Running")
     h.reconcile("job-a")
     assert [reason for _, reason, _ in h.events].count("Running") == announced + 1
+
+
+def test_a_job_the_cache_does_not_have_is_gone_without_a_read() -> None:
+    """Garbage collection deleting a deleted job's pods and RayJob makes an event each; their passes
+    used to GET the job (404) one by one: thousands when many jobs go at once."""
+    h = one_gpu_job()
+    h.settle()
+    h.kube.add_pod("job-a", "job-a-head", role="head", phase="Running")
+    h.settle()
+    h.kube.delete(JOB, "ml", "job-a")  # with its RayJob and pods
+    gets = _gets(h)
+    h.settle()
+    assert _gets(h) == gets
+    assert h.reconciler.metrics.keys() == set()
