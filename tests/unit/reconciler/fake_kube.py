@@ -16,7 +16,9 @@ Modelled (what the Reconciler's correctness depends on):
 - garbage collection of owned objects (ownerReferences uid), at once, on `delete`;
 - failures: `fail(method, exc, times, when)` raises before the call has any effect;
 - watches, as a log of events (`watch`: ADDED, MODIFIED, DELETED, each with the object as written),
-  which `Harness.settle` delivers through handlers.py's event handlers.
+  which `Harness.settle` (or `deliver_next`, one kind's next event) delivers through handlers.py's
+  event handlers, updating the operator's caches first as kopf does: the jobs, and the RayJobs as
+  `slim_rayjob` keeps them (the caches count as handed over from the first delivered event on).
 
 Not modelled: admission (CEL rules, ResourceQuota enforcement, webhooks), RBAC (a 403 happens only
 when injected), field-ownership conflicts without force, list-type semantics of SSA (lists are
