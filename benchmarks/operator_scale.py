@@ -441,6 +441,8 @@ def main() -> int:
         "--profile", type=Path, default=None, help="py-spy the operator into DIR/operator-N.txt"
     )
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be a positive number of jobs a second, not {args.rate}")
 
     state = json.loads(
         subprocess.run(

@@ -521,35 +521,34 @@ class Harness:
         handlers.py's handlers, as kopf would; returns how many passes ran. Fails on a loop. `only`: a
         kind (RAYJOB, say): deliver its events only, the others stay on their way."""
         passes = self.passes()
-
-        async def deliver() -> None:
-            handlers._state["reconciler"] = self.reconciler
-            try:
-                for _ in range(limit):
-                    ready = [i for i, e in enumerate(self.kube.watch) if only is None or e.kind == only]
-                    if not ready:
-                        return
-                    await _dispatch(self.kube.watch.pop(ready[0]))
-                raise AssertionError(f"events still coming after {limit}: {self.kube.watch[:3]}")
-            finally:
-                handlers._state.pop("reconciler", None)
-
-        self._run(deliver)
+        if self._deliver(limit, only):
+            raise AssertionError(f"events still coming after {limit}: {self.kube.watch[:3]}")
         return int(self.passes() - passes)
 
     def deliver_next(self, kind: str) -> None:
         """Deliver the next watch event of `kind` only (the others stay on their way)."""
-        event = next(e for e in self.kube.watch if e.kind == kind)
-        self.kube.watch.remove(event)
+        assert any(e.kind == kind for e in self.kube.watch), f"no {kind} event on its way"
+        self._deliver(1, kind)
+
+    def _deliver(self, count: int, only: str | None) -> bool:
+        """Deliver up to `count` events (of kind `only`, if given); True if more of them are left."""
+
+        def ready() -> list[int]:
+            return [i for i, e in enumerate(self.kube.watch) if only is None or e.kind == only]
 
         async def deliver() -> None:
             handlers._state["reconciler"] = self.reconciler
             try:
-                await _dispatch(event)
+                for _ in range(count):
+                    waiting = ready()
+                    if not waiting:
+                        return
+                    await _dispatch(self.kube.watch.pop(waiting[0]))
             finally:
                 handlers._state.pop("reconciler", None)
 
         self._run(deliver)
+        return bool(ready())
 
     def passes(self) -> float:
         return self.reconciles("ok") + self.reconciles("error")
