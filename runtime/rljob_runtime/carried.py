@@ -1,7 +1,7 @@
 """Partial rollout's carry-over: the groups still generating when a dynamic-sampling step had its
 batch. Their requests were aborted; each sample keeps the tokens and log-probs it had (and the weight
-version of each token), and the groups are continued first in the next step. Saved with every
-checkpoint, so a resumed run continues them too."""
+version of each token), and the groups are continued first in the next step, those nearest completion
+first. Saved with every checkpoint, so a resumed run continues them too."""
 
 from __future__ import annotations
 
@@ -19,8 +19,15 @@ def unfinished(group: list[Sample]) -> list[Sample]:
     return [s for s in group if s.status not in FINISHED]
 
 
+def _tokens_to_go(group: list[Sample]) -> int:
+    """How far a group is from done, as a sort key: minus the tokens of its least advanced unfinished
+    sample (samples decode in parallel, so that one sets the group's finish; all share one length cap)."""
+    todo = unfinished(group)
+    return -min(len(s.response_ids) for s in todo) if todo else -(1 << 62)
+
+
 class CarriedGroups:
-    """A FIFO of groups (one prompt's samples each); thread-safe (async mode's rollouts are made on a
+    """Carried groups (one prompt's samples each); thread-safe (async mode's rollouts are made on a
     thread of their own while the driver checkpoints)."""
 
     def __init__(self) -> None:
@@ -38,9 +45,14 @@ class CarriedGroups:
                 self._groups.append(group)
 
     def take(self, most: int) -> list[list[Sample]]:
-        """Up to ``most`` groups, oldest first."""
+        """Up to ``most`` groups, nearest completion first, then oldest first. Engines serve requests
+        in arrival order, so these finish first and are trained first: their tokens are the stalest
+        (in arrival order, groups aborted while still queued came back first and went ahead of
+        half-generated ones, which then drifted further behind the trainer)."""
         with self._lock:
-            out, self._groups = self._groups[:most], self._groups[most:]
+            ranked = sorted(self._groups, key=_tokens_to_go)  # stable: oldest first among equals
+            out = ranked[:most]
+            self._groups = ranked[most:]
         return out
 
     def tokens(self) -> int:

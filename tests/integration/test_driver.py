@@ -294,12 +294,13 @@ def test_partial_rollout_continues_aborted_groups_and_resumes_with_them(
 
     def spec() -> Any:
         s = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
-        s.rollout.batch_size, s.rollout.max_response_len = 2, 64
+        s.rollout.batch_size, s.rollout.max_response_len = 2, 96
         s.training.global_batch_size, s.training.num_rollout = 4, 3
         s.rollout.sglang_args = {"max-running-requests": "2"}
         s.algorithm.dynamic_sampling.enabled = True
         s.algorithm.dynamic_sampling.over_sampling_batch_size = 8
-        s.rollout.custom_filter = "group_filters:keep_all"  # over-sampling only: every group passes
+        # over-sampling only (every group passes), answered late so the abort finds tokens to carry
+        s.rollout.custom_filter = "group_filters:keep_all_after_a_pause"
         s.rollout.partial_rollout = True
         s.rollout.mask_off_policy_partial_tokens = True
         return s
@@ -320,4 +321,5 @@ def test_partial_rollout_continues_aborted_groups_and_resumes_with_them(
         assert metrics["dynamic_sampling/groups_trained"] == 2
         # a continued response mixes the version that started it and the one that finished it
         assert (metrics["partial/tokens_masked"] > 0) == (metrics["rollout/mixed_version_samples"] > 0)
+    # (nearest completion first: carried.py; not every step, a step may train two groups carried whole)
     assert sum(m["rollout/mixed_version_samples"] for m in history[1:]) > 0

@@ -93,3 +93,28 @@ def test_carried_groups_round_trip_and_are_scored_again() -> None:
     assert [[s.response_ids for s in g] for g in first] == [[[5, 6], [5]]]
     assert unfinished(first[0]) == [first[0][1]]
     assert len(again) == 1 and again.take(5)[0][0].group_index == 2 and len(again) == 0
+
+
+def _group(*lengths: int | None) -> list[Sample]:
+    """A carried group: an int is an aborted sample with that many tokens, None a finished one."""
+    return [
+        Sample(prompt_ids=[1], response_ids=[7] * (n or 4), status=Status.COMPLETED)
+        if n is None
+        else Sample(prompt_ids=[1], response_ids=[7] * n, status=Status.ABORTED)
+        for n in lengths
+    ]
+
+
+def test_carried_groups_nearest_completion_go_first() -> None:
+    """Groups aborted while queued come back first; they must not go ahead of half-generated ones."""
+    queued, one_behind, far, near, done = (
+        _group(0, 0),
+        _group(None, 0),
+        _group(3, 12),
+        _group(9, 10),
+        _group(None),
+    )
+    carried = CarriedGroups()
+    carried.put([queued, one_behind, far, near, done])
+    assert carried.take(3) == [done, near, far]
+    assert carried.take(5) == [queued, one_behind]  # equally far: oldest first
