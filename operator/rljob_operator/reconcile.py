@@ -61,6 +61,7 @@ from .names import (
     MANAGED_BY,
     rayjob_name,
 )
+from .own_writes import Cause, OwnWrites
 from .permissions import describe_api_error
 from .pod_states import classify
 from .quantity import whole_units
@@ -82,9 +83,6 @@ log = logging.getLogger("rljob.operator")
 
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 BACKOFF_SECONDS = (1, 2, 5, 10, 30, 60)
-# A pass writes status up to three times (pending or restart, a failure, the final status) and
-# applies the RayJob once; their events may come after the next pass's writes.
-OWN_WRITES_KEPT = 6
 # Passes run at most this many at a time, in the order they were asked for, the others waiting (and
 # folding the events of their job that arrive meanwhile). Unbounded, a burst of a thousand new jobs ran
 # a thousand passes at once: each of their API calls queued behind every other pass's, so every job
@@ -93,12 +91,6 @@ FOREGROUND_PASSES = 64
 # Passes for events of a job's RayJob and pods take turns of their own, this many at a time: in a burst
 # of new jobs the first passes (job events) never wait behind a pass per status write KubeRay makes.
 BACKGROUND_PASSES = 4
-# How long a RayJob the operator wrote is read from the API server while its watch event does not come
-# (the resync drops older marks): the event comes within seconds unless the watch broke meanwhile.
-UNSEEN_RAYJOB_SECONDS = 60
-# What called for a pass: ("job", resourceVersion) for a job event, ("RayJob", name, resourceVersion)
-# for an event of one of its RayJobs, None for anything else (its pods, a retry, the resync).
-Cause = tuple[str, ...] | None
 
 
 async def all_of(*steps: Awaitable[Any]) -> list[Any]:
@@ -158,17 +150,9 @@ class Reconciler:
             False: asyncio.Semaphore(FOREGROUND_PASSES),
             True: asyncio.Semaphore(BACKGROUND_PASSES),
         }
-        # The causes our own writes made, the last few per job (see _write_status, _own_rayjob).
-        self._own_writes: dict[JobKey, tuple[Cause, ...]] = {}
-        # The job's version our last status write made, until its watch event arrives: till then the
-        # watch cache may show the job from before that write, and a pass reads it from the API server.
-        self._unseen: dict[JobKey, str] = {}
-        # The training RayJobs (namespace, name) the operator applied or deleted whose watch event has
-        # not arrived: till then the index may not show them (a RayJob just created is not there yet),
-        # and a pass reads them from the API server. Kept past the job's forget(): a job deleted and
-        # created again at once must not take the index's word that no RayJob of its name exists (an
-        # apply would take over the old job's RayJob). The uid (which RayJob of that name) and when.
-        self._rayjobs_unseen: dict[tuple[str, str], tuple[str, float]] = {}
+        # Our writes whose watch events have not come back (see _write_status, _own_rayjob): their
+        # events start no pass, and till they come a pass reads the job or RayJob from the API server.
+        self.own = OwnWrites()
         self._specs = SpecCache()
         # Read from the /metrics thread: set(dict) copies in one C call under the GIL.
         self._applied = AppliedChildren()
@@ -177,9 +161,7 @@ class Reconciler:
                 set(self._locks)
                 | set(self._failures)
                 | set(self._retries)
-                | set(self._own_writes)
-                | set(self._unseen)
-                | set(self._rayjobs_unseen)
+                | self.own.keys()
                 | self._applied.jobs()
                 | self._specs.jobs()
             )
@@ -202,10 +184,10 @@ class Reconciler:
         job's children: such passes take turns of their own, BACKGROUND_PASSES at a time (the others
         FOREGROUND_PASSES at a time)."""
         key = (namespace, name)
-        if version is not None and self._unseen.get(key) == version:
-            del self._unseen[key]  # the cache has caught up with our last write (kopf indexes first)
+        if version is not None:
+            self.own.job_event(key, version)  # the cache has caught up with our last write?
         cause: Cause = ("job", version) if version else ("RayJob", *rayjob) if rayjob else None
-        if self._written_by_us(key, cause):
+        if self.own.echo(key, cause):
             return
         # That pass starts later and reads all this one would (a workqueue's de-duplication); a job
         # event never waits behind a background pass's turn.
@@ -230,7 +212,7 @@ class Reconciler:
         self.metrics.pass_wait.observe(time.perf_counter() - asked)
         try:
             # Again: the event of a write can come before the pass that wrote has its answer.
-            if all(self._written_by_us(key, c) for c in causes):
+            if all(self.own.echo(key, c) for c in causes):
                 return
             await self._pass(key)
         finally:
@@ -243,11 +225,7 @@ class Reconciler:
         the operator wrote will do, not only that of its write: what a pass needs from the index is
         whether the RayJob exists; a version older than the write only makes the next pass apply
         again. An event of another RayJob of that name (one deleted for a restart) does not."""
-        if self._rayjobs_unseen.get((namespace, name), ("",))[0] == uid:
-            del self._rayjobs_unseen[(namespace, name)]
-
-    def _rayjob_unseen(self, namespace: str, name: str, uid: str) -> None:
-        self._rayjobs_unseen[(namespace, name)] = (uid, time.monotonic())
+        self.own.rayjob_seen(namespace, name, uid)
 
     def _rayjob_written(self, namespace: str, written: Mapping[str, Any]) -> None:
         """The operator applied this RayJob: till a watch event of it arrives, passes read it from the
@@ -258,13 +236,7 @@ class Reconciler:
         known, cached = self.kube.cached_rayjob(namespace, meta["name"])
         version = ((cached or {}).get("metadata") or {}).get("resourceVersion")
         if not known or version is None or version != meta.get("resourceVersion"):
-            self._rayjob_unseen(namespace, meta["name"], meta["uid"])
-
-    def _written_by_us(self, key: JobKey, cause: Cause) -> bool:
-        return cause is not None and cause in self._own_writes.get(key, ())
-
-    def _ours(self, key: JobKey, cause: Cause) -> None:
-        self._own_writes[key] = (*self._own_writes.get(key, ()), cause)[-OWN_WRITES_KEPT:]
+            self.own.rayjob_written(namespace, meta["name"], meta["uid"])
 
     async def _write_status(self, obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         """Patch the job's /status. When the object the API server returns differs from the one this
@@ -278,11 +250,11 @@ class Reconciler:
         written = await self.kube.apply_job_status(*key, status)
         version = (written.get("metadata") or {}).get("resourceVersion")
         if version and version != obj["metadata"].get("resourceVersion"):
-            self._unseen[key] = version
+            self.own.job_written(key, version)
         # Compared as the cache keeps them (the pass may have read the job from it), on the fields a
         # pass reads.
         if version and others_part(slim_job(written)) == others_part(slim_job(obj)):
-            self._ours(key, ("job", version))
+            self.own.ours(key, ("job", version))
 
     def _own_rayjob(self, job: Job, rayjob: Mapping[str, Any]) -> None:
         """The RayJob this pass applied and computed the status from: the watch event of that version
@@ -290,7 +262,7 @@ class Reconciler:
         after it are versions of their own, and run passes."""
         meta = rayjob.get("metadata") or {}
         if meta.get("resourceVersion"):
-            self._ours((job.namespace, job.name), ("RayJob", meta["name"], meta["resourceVersion"]))
+            self.own.ours((job.namespace, job.name), ("RayJob", meta["name"], meta["resourceVersion"]))
 
     async def _pass(self, key: tuple[str, str]) -> None:
         """One pass with its outcome: counted, and retried with backoff after a failure."""
@@ -346,7 +318,7 @@ class Reconciler:
         comes after its first event (kopf indexes before it calls the handlers), so a pass for one that
         is not there was asked for by its deletion or by an event of its children after it (garbage
         collection deleting them: a GET each, thousands when many jobs go at once)."""
-        if key not in self._unseen:
+        if not self.own.job_behind(key):
             known, cached = self.kube.cached_job(*key)
             if known:
                 return cached
@@ -356,7 +328,7 @@ class Reconciler:
         """The job's RayJob from the watch cache (kopf's index: the event that started this pass is in
         it), else from the API server: before the caches are handed over, and while a RayJob the
         operator applied or deleted has not come back through the watch."""
-        if (namespace, name) not in self._rayjobs_unseen:
+        if not self.own.rayjob_behind(namespace, name):
             known, cached = self.kube.cached_rayjob(namespace, name)
             if known:
                 return cached
@@ -483,7 +455,9 @@ class Reconciler:
         if rayjob["metadata"].get("deletionTimestamp"):
             return job, rayjob  # deleted by an earlier pass: still going
         await self.kube.delete_rayjob(job.namespace, rayjob["metadata"]["name"], failure.uid)
-        self._rayjob_unseen(job.namespace, rayjob["metadata"]["name"], failure.uid)  # its event: on the way
+        self.own.rayjob_written(
+            job.namespace, rayjob["metadata"]["name"], failure.uid
+        )  # its event: on the way
         return job, await self.kube.get_rayjob(job.namespace, rayjob["metadata"]["name"])
 
     async def _conversion(self, job: Job, want: Wanted, conversions: Conversions) -> str:
@@ -519,12 +493,7 @@ class Reconciler:
         self._applied.forget_all()
         if present is not None:
             self._specs.keep_only(present)
-            # A RayJob whose event never came (a watch re-listed meanwhile) is read from the API server
-            # for a minute, not forever.
-            stale = time.monotonic() - UNSEEN_RAYJOB_SECONDS
-            for key, (_, since) in list(self._rayjobs_unseen.items()):
-                if since < stale:
-                    del self._rayjobs_unseen[key]
+            self.own.drop_stale_rayjob_marks()
 
     def forget(self, key: tuple[str, str]) -> None:
         """A deleted job leaves no per-job state behind (locks, failure counts, pending retries,
@@ -532,8 +501,7 @@ class Reconciler:
         self.metrics.forget(key)
         self._applied.forget(key)
         self._specs.forget(key)
-        self._own_writes.pop(key, None)
-        self._unseen.pop(key, None)
+        self.own.forget_job(key)
         self._locks.pop(key, None)
         self._failures.pop(key, None)
         retry = self._retries.pop(key, None)

@@ -7,10 +7,11 @@ old job's RayJob. Each pass used to GET the RayJob: about five GETs per job whil
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fake_kube import JOB, RAYJOB, Harness, one_gpu_job
 
-from rljob_operator.reconcile import UNSEEN_RAYJOB_SECONDS
+from rljob_operator.own_writes import UNSEEN_RAYJOB_SECONDS
 
 
 def _gets(h: Harness) -> int:
@@ -140,13 +141,14 @@ def test_a_mark_whose_event_never_comes_goes_at_a_resync_after_a_minute() -> Non
     reads that RayJob from the API server until the next resync a minute on, not forever."""
     h = one_gpu_job()
     h.settle(only=JOB)
-    assert set(h.reconciler._rayjobs_unseen) == {("ml", "job-a")}
+    own = h.reconciler.own
+    assert own.rayjob_behind("ml", "job-a")
     h.reconciler.reapply_all({("ml", "job-a")})
-    assert set(h.reconciler._rayjobs_unseen) == {("ml", "job-a")}  # just written: kept
-    uid, since = h.reconciler._rayjobs_unseen[("ml", "job-a")]
-    h.reconciler._rayjobs_unseen[("ml", "job-a")] = (uid, since - UNSEEN_RAYJOB_SECONDS - 1)
+    assert own.rayjob_behind("ml", "job-a")  # just written: kept
+    later = time.monotonic() + UNSEEN_RAYJOB_SECONDS + 1
+    own._clock = lambda: later
     h.reconciler.reapply_all({("ml", "job-a")})
-    assert h.reconciler._rayjobs_unseen == {}
+    assert not own.rayjob_behind("ml", "job-a")
     gets = _gets(h)
     h.reconcile("job-a")
     assert _gets(h) == gets  # the index again

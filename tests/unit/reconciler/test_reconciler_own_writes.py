@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fake_kube import JOB, RAYJOB, Harness, one_gpu_job
 
-from rljob_operator.reconcile import Reconciler
+from rljob_operator.own_writes import OwnWrites
 
 KILLED = (
     "Job entrypoint command failed with exit code 137, last available logs (truncated to 20,000 chars):\n"
@@ -92,7 +92,7 @@ def test_skipping_the_events_of_our_own_writes_changes_no_write(
     """Each status write used to cost a pass of its own, which wrote nothing: now it costs none."""
     after = _run(SCENARIOS[name])
     with monkeypatch.context() as m:
-        m.setattr(Reconciler, "_written_by_us", lambda *_: False)  # before: every job event runs a pass
+        m.setattr(OwnWrites, "echo", lambda *_: False)  # before: every job event runs a pass
         before = _run(SCENARIOS[name])
     assert after.writes() == before.writes()
     status_writes = sum(1 for w in after.writes() if w.startswith("status:"))
@@ -110,7 +110,7 @@ def test_a_job_that_starts_and_succeeds_takes_nine_passes_not_seventeen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     after = _run(_starts_and_succeeds)
-    monkeypatch.setattr(Reconciler, "_written_by_us", lambda *_: False)
+    monkeypatch.setattr(OwnWrites, "echo", lambda *_: False)
     before = _run(_starts_and_succeeds)
     assert (before.passes(), after.passes()) == (17, 9)  # 7 status writes and the RayJob's creation
     assert after.status("job-a")["phase"] == "Succeeded"
