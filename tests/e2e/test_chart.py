@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -88,6 +89,36 @@ def test_the_operator_pod_is_admitted_under_the_restricted_standard(installed: I
     assert spec["serviceAccountName"] == "e2e-rljob" and spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def _flow_schema_of_a_request(cluster: Any, kubeconfig: Path) -> str:
+    """The name of the FlowSchema that API Priority and Fairness classified a request into: the API
+    server names its uid in a response header (kubectl -v=8 prints the headers), also on a refusal
+    (classification comes before authorization)."""
+    proc = subprocess.run(
+        [str(cluster.kubectl_bin), f"--kubeconfig={kubeconfig}", "get", "--raw",
+         "/apis/rljob.dev/v1alpha1/rltrainingjobs?limit=1", "-v=8"],
+        capture_output=True, text=True, timeout=60, env=cluster.env(),
+    )  # fmt: skip
+    match = re.search(r"X-Kubernetes-Pf-Flowschema-Uid: (\S+)", proc.stderr, re.IGNORECASE)
+    assert match, proc.stderr[-2000:]
+    schemas = json.loads(cluster.kubectl("get", "flowschemas", "-o", "json").stdout)["items"]
+    return next(s["metadata"]["name"] for s in schemas if s["metadata"]["uid"] == match.group(1))
+
+
+def test_the_operators_requests_are_served_at_the_charts_priority_level(
+    installed: Install, crd: Any, tmp_path: Path
+) -> None:
+    """The chart's FlowSchema takes the operator's identity to workload-high; any other
+    ServiceAccount's requests stay in service-accounts (workload-low), as the operator's would without it."""
+    assert _flow_schema_of_a_request(crd, installed.kubeconfig) == "e2e-rljob"
+    schema = json.loads(crd.kubectl("get", "flowschema", "e2e-rljob", "-o", "json").stdout)
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == "workload-high"
+    dangling = [c for c in schema["status"]["conditions"] if c["type"] == "Dangling"]
+    assert [c["status"] for c in dangling] == ["False"], schema["status"]  # the level exists
+    crd.kubectl("create", "serviceaccount", "bystander", "-n", installed.namespace)
+    other = token_kubeconfig(crd, "bystander", installed.namespace, tmp_path / "bystander")
+    assert _flow_schema_of_a_request(crd, other) == "service-accounts"
 
 
 def test_the_restricted_standard_refuses_a_privileged_operator_pod(crd: Any, tmp_path: Path) -> None:

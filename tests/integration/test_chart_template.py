@@ -57,7 +57,7 @@ def test_rendered_manifests_match_the_golden(golden: str) -> None:
 def test_cluster_mode_has_one_cluster_role_and_no_secret_access() -> None:
     objs = render()
     assert [k for k, _, _ in _kinds(objs)] == [
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "FlowSchema",
     ]  # fmt: skip
     (role,) = _by_kind(objs, "ClusterRole")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
@@ -113,6 +113,8 @@ REFUSED = [
     (("jobPods.allowedHostPaths={relative/dir}",), "at '/jobPods/allowedHostPaths/0'"),
     (("jobPods.gpuCapabilities={ipc_lock}",), "at '/jobPods/gpuCapabilities/0'"),
     (("kueue.manageJobsWithoutQueueName=yes",), "at '/kueue/manageJobsWithoutQueueName'"),
+    (("flowControl.matchingPrecedence=1",), "at '/flowControl/matchingPrecedence'"),  # exempt's own
+    (("flowControl.priorityLevel=",), "at '/flowControl/priorityLevel'"),
 ]
 
 
@@ -166,6 +168,21 @@ def test_kueue_value_becomes_the_operator_flag() -> None:
     from rljob_operator.__main__ import build_parser
 
     assert build_parser().parse_args([flag]).kueue_manage_jobs_without_queue_name is True
+
+
+def test_the_flow_schema_classifies_the_operators_service_account() -> None:
+    """API Priority and Fairness: the operator's identity (whatever its name) at the chosen level."""
+    (schema,) = _by_kind(
+        render("serviceAccount.name=ops", "flowControl.priorityLevel=my-level"), "FlowSchema"
+    )
+    assert schema["spec"]["priorityLevelConfiguration"] == {"name": "my-level"}
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "ops", "namespace": "rljob-system"}}
+    ]
+    (resources,) = rule["resourceRules"]
+    assert resources["clusterScope"] is True and resources["namespaces"] == ["*"]
+    assert _by_kind(render("flowControl.enabled=false"), "FlowSchema") == []
 
 
 @pytest.mark.parametrize(("values", "message"), REFUSED, ids=[v[0][0] for v in REFUSED])
