@@ -71,7 +71,7 @@ test-integration: venv ## integration tests (real sglang-router, hf engines, loc
 	$(PY) -m pytest tests/integration -q --durations=15
 
 test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
-	$(PY) -m pytest tests/e2e -q -m e2e -n 2 --durations=25
+	$(PY) -m pytest tests/e2e -q -m e2e --durations=25
 
 test-gpu: venv ## GPU tests (skipped without a GPU; run them on a GPU machine)
 	$(PY) -m pytest tests/gpu -q -m gpu

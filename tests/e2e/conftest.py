@@ -4,10 +4,6 @@ The session fixture ``cluster`` reuses a healthy running dev cluster, or starts 
 binaries on first use) and stops it at the end of the session unless ``RLJOB_KEEP_CLUSTER=1``.
 When the harness cannot start, every test using it fails with the harness's message: e2e tests
 are never skipped silently, so CI notices.
-
-`make test-e2e` runs two pytest-xdist workers: the `make demo` test (a control plane of its own, CPU
-training for most of its ten minutes) on one, every other test on the other, in order, against the
-shared cluster (`pytest_xdist_make_scheduler` below).
 """
 
 from __future__ import annotations
@@ -23,19 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import one_worker_apart
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
 # A cold build of the Go binaries takes many minutes on a small machine.
 UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The demo test on one xdist worker, every other test in order on the other: their operators must
-    not run side by side on the shared cluster."""
-    return one_worker_apart.scheduler(config, log, "test_demo.py")
 
 
 @dataclass(frozen=True)
