@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-unit test-integration test-e2e test-gpu lint crds crds-check docs docs-check cluster-up cluster-down demo demo-down demo-env
+.PHONY: help venv test test-unit test-integration test-e2e test-realpods test-gpu lint crds crds-check docs docs-check cluster-up cluster-down demo demo-down demo-env images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,9 +28,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with the package and its dev/operator/runtime extras
 
-lint: venv ## ruff check + format check, types (typecheck), image lock files (locks-check), Dockerfiles (hadolint)
+lint: venv ## ruff check + format check, import contracts, long modules (tools/long_files.py), types (typecheck), image lock files (locks-check), Dockerfiles (hadolint)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) tools/long_files.py
 	@$(MAKE) -s --no-print-directory typecheck locks-check hadolint
 
 # mypy over api/, operator/ and runtime/ ([tool.mypy] in pyproject.toml; tests/ are not checked).
@@ -60,12 +62,15 @@ crds-check: venv ## fail when crds/ or the chart's copy is stale
 
 docs: venv ## regenerate docs/api-reference.md from the models
 	$(PY) -m rljob_api.docgen --out docs/api-reference.md
+	$(PY) tools/chart_docs.py
 
-docs-check: venv ## fail when docs/api-reference.md is stale
+docs-check: venv ## fail when docs/api-reference.md is stale, or a file tells how the project was worked on
 	$(PY) -m rljob_api.docgen --check docs/api-reference.md
+	$(PY) tools/chart_docs.py --check
+	$(PY) tools/docs_words.py
 
 test-unit: venv ## unit tests (no cluster, no GPU)
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n 2 --durations=15
 
 test-integration: venv ## integration tests (real sglang-router, hf engines, local processes)
 	$(PY) -m pytest tests/integration -q --durations=15
@@ -73,10 +78,18 @@ test-integration: venv ## integration tests (real sglang-router, hf engines, loc
 test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
 	$(PY) -m pytest tests/e2e -q -m e2e --durations=25
 
+test-realpods: venv images ## real pods: the images checked inside, a real node, the operator as a pod (root)
+	$(PY) -m pytest tests/realpods -q -m realpods --durations=15
+
 test-gpu: venv ## GPU tests (skipped without a GPU; run them on a GPU machine)
 	$(PY) -m pytest tests/gpu -q -m gpu
 
-test: lint crds-check docs-check test-unit test-integration test-e2e ## everything CI runs
+test: lint crds-check docs-check test-unit test-integration test-e2e test-realpods ## everything CI runs
+
+# The images, built without a Docker daemon (tools/imagebuild; Debian's mmdebstrap, buildah, podman,
+# installed when missing) into OCI archives under $(RLJOB_CACHE)/images, named by their inputs' hash.
+images: ## build the operator and CPU runtime images (cached; docs/devcluster.md#images)
+	$(PYTHON) tools/imagebuild/imagebuild.py --install-tools build
 
 cluster-up: venv ## start (or reuse) the local control plane: etcd, apiserver, scheduler, kwok, KubeRay, Ray
 	$(PY) tools/devcluster/devcluster.py up

@@ -571,8 +571,11 @@ MUTABLE_PATCHES = [
     {"resources": {"priorityClassName": "high"}},
 ]
 
-# Volumes, labels and env of the pods: their own table, in both suites.
+# Volumes, labels and env of the pods, and what would fail in the pods or be unsafe there (paths,
+# the GPU resource, reserved variables, model references): tables of their own, in both suites.
+from spec_cases_ignored import IGNORED_FIELD_CASES  # noqa: E402
 from spec_cases_pods import POD_RULE_CASES, POD_SCHEMA_CASES  # noqa: E402
+from spec_cases_safety import SAFETY_RULE_CASES  # noqa: E402
 
-RULE_CASES += [Case(*c) for c in POD_RULE_CASES]
+RULE_CASES += [Case(*c) for c in POD_RULE_CASES + SAFETY_RULE_CASES + IGNORED_FIELD_CASES]
 SCHEMA_CASES += [Case(*c) for c in POD_SCHEMA_CASES]

@@ -148,9 +148,8 @@ POD_RULE_CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
 ]
 
 POD_SCHEMA_CASES: list[tuple[str, dict[str, Any], str, str]] = [
-    ("volume-relative-mount", _vol(mountPath="shared"), "spec.resources.volumes[0].mountPath", ""),
+    # (a relative mountPath, an absolute subPath: rule cases in spec_cases_safety)
     ("volume-bad-name", _vol(name="Models"), "spec.resources.volumes[0].name", ""),
-    ("volume-absolute-sub-path", _vol(subPath="/abs"), "spec.resources.volumes[0].subPath", ""),
     (
         "volume-host-path-type",
         {

@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON_VERSION = "3.12"
+# Debian trixie's python3, the Python of images/base (both ways of making it).
+PYTHON_VERSION = "3.13"
+# The CUDA runtime image stays on the vendor image's Python 3.12: sglang 0.5.16 needs outlines-core
+# 0.1.26, which has no Python 3.13 wheel, and Debian has no Python 3.12.
+CUDA_PYTHON_VERSION = "3.12"
 COMPILE_COMMAND = "make locks"  # written into each lock's header instead of the long uv command
 
 
@@ -34,6 +38,7 @@ class Lock:
     extras: tuple[str, ...]
     # The base image's glibc decides which manylinux wheels run on it.
     platform: str
+    python: str = PYTHON_VERSION
 
     @property
     def dir(self) -> Path:
@@ -45,10 +50,11 @@ class Lock:
 
 
 LOCKS = (
-    # python:3.12-slim (Debian trixie, glibc 2.41); 2_28 keeps the lock valid on bookworm as well.
+    # images/base is Debian trixie (glibc 2.41); 2_28 keeps the operator's lock valid on bookworm too.
     Lock("operator", ("operator",), "x86_64-manylinux_2_28"),
-    # nvidia/cuda 13.0 on Ubuntu 24.04 (glibc 2.39); sglang 0.5.16 ships manylinux_2_34 wheels only.
-    Lock("runtime", ("runtime", "gpu", "megatron"), "x86_64-manylinux_2_39"),
+    # sglang 0.5.16 ships manylinux_2_34 wheels only.
+    Lock("runtime", ("runtime", "gpu", "megatron"), "x86_64-manylinux_2_39", CUDA_PYTHON_VERSION),
+    Lock("runtime-cpu", ("runtime",), "x86_64-manylinux_2_39"),
 )
 
 
@@ -69,7 +75,7 @@ def compile_lock(lock: Lock, out: Path, *, upgrade: bool) -> subprocess.Complete
     cmd += [str(lock.dir.relative_to(ROOT) / "requirements.in")]
     for extra in lock.extras:
         cmd += ["--extra", extra]
-    cmd += ["--python-version", PYTHON_VERSION, "--python-platform", lock.platform]
+    cmd += ["--python-version", lock.python, "--python-platform", lock.platform]
     cmd += ["--generate-hashes", "--only-binary", ":all:", "--custom-compile-command", COMPILE_COMMAND]
     cmd += ["--output-file", str(out)]
     if upgrade:
@@ -92,7 +98,7 @@ def pins(lines: list[str]) -> list[str]:
 
 
 def where(lock: Lock) -> str:
-    return f"Python {PYTHON_VERSION} on {lock.platform}"
+    return f"Python {lock.python} on {lock.platform}"
 
 
 def generate(lock: Lock, *, upgrade: bool) -> bool:

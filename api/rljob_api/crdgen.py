@@ -24,7 +24,7 @@ from .resource import (
     CRD_NAME,
     GROUP,
     KIND,
-    NAME_VALIDATION,
+    NAME_VALIDATIONS,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -56,6 +56,15 @@ _KEEP = (
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+    {
+        # As Tekton's REASON: a stuck job reads as stuck (ImagePullBackOff, Unschedulable, ...)
+        # without -o wide or describe.
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Why the job is in its phase; for a stuck job, what blocks it "
+        "(ImagePullBackOff, Unschedulable, QuotaTooSmall, PermissionDenied).",
+    },
     {
         "name": "Step",
         "type": "string",
@@ -141,7 +150,28 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if out.get("x-kubernetes-preserve-unknown-fields"):
         out["type"] = "object"
+    bounds = bounds_sentence(out)
+    if bounds and "description" in out:  # kubectl explain shows the description, not the schema's bounds
+        out["description"] = f"{out['description'].rstrip()} {bounds}"
     return out
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def bounds_sentence(schema: dict[str, Any]) -> str:
+    """'Minimum 1, maximum 64.' for a number's schema (OpenAPI v3.0 form); '' without bounds."""
+    if schema.get("type") not in ("integer", "number"):
+        return ""
+    parts = []
+    if "minimum" in schema:
+        word = "greater than" if schema.get("exclusiveMinimum") else "minimum"
+        parts.append(f"{word} {_number(schema['minimum'])}")
+    if "maximum" in schema:
+        word = "less than" if schema.get("exclusiveMaximum") else "maximum"
+        parts.append(f"{word} {_number(schema['maximum'])}")
+    return (", ".join(parts).capitalize() + ".") if parts else ""
 
 
 def build_crd() -> dict[str, Any]:
@@ -153,14 +183,14 @@ def build_crd() -> dict[str, Any]:
         "description": f"{KIND} runs reinforcement-learning post-training (GRPO, GSPO, REINFORCE++, PPO) "
         "of an LLM: a Megatron or torch trainer plus SGLang rollout engines on a KubeRay RayJob.",
         "required": ["spec"],
-        "x-kubernetes-validations": [NAME_VALIDATION],
+        "x-kubernetes-validations": list(NAME_VALIDATIONS),
         "properties": {
             "apiVersion": {
                 "type": "string",
                 "description": f"The versioned schema of this object: {API_VERSION}.",
             },
             "kind": {"type": "string", "description": f"The kind of this object: {KIND}."},
-            # Declared so the name rule can name its field (the API server allows only name and
+            # Declared so the name rules can name their field (the API server allows only name and
             # generateName here).
             "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 253}}},
             "spec": spec,

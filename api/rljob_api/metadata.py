@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
-from .resource import name_problem
+from .resource import name_problems
 
 SUBDOMAIN_MAX = 253
 LABEL_MAX = 63
@@ -30,9 +30,9 @@ def metadata_problems(metadata: Mapping[str, Any]) -> list[str]:
         problems.append("metadata.name: Required value: name or generateName is required")
     elif name is not None:
         problems += _check("metadata.name", name, DNS_SUBDOMAIN_PATTERN, SUBDOMAIN_MAX, _SUBDOMAIN_MESSAGE)
-        too_long = name_problem(name) if isinstance(name, str) and len(name) <= SUBDOMAIN_MAX else None
-        if too_long:  # the CRD's own rule (NAME_VALIDATION), which the API server checks after these
-            problems.append(f"metadata.name: Invalid value: {name!r}: {too_long}")
+        if isinstance(name, str) and len(name) <= SUBDOMAIN_MAX:
+            # the CRD's own rules (NAME_VALIDATIONS), which the API server checks after these
+            problems += [f"metadata.name: Invalid value: {name!r}: {p}" for p in name_problems(name)]
     namespace = metadata.get("namespace")
     if namespace is not None:
         problems += _check("metadata.namespace", namespace, DNS_LABEL_PATTERN, LABEL_MAX, _LABEL_MESSAGE)

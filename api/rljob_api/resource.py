@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -23,8 +25,10 @@ CATEGORIES = ("all", "ml")
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # KubeRay names the RayCluster "<rayjob>-<5 chars>" and its Services after that, and the RayJob is
-# named after the job: a longer name is refused at admission (NAME_VALIDATION, at the CRD's root).
+# named after the job: KubeRay refuses a RayJob name that is not a DNS-1035 label of at most 47
+# characters. Such names are refused at admission (NAME_VALIDATIONS, at the CRD's root).
 NAME_MAX = 47
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1035 label
 _NAME_ADVICE = (
     f" characters; KubeRay allows at most {NAME_MAX} for the RayJob it runs on. "
     "Create the job again with a shorter name."
@@ -37,11 +41,53 @@ NAME_VALIDATION = {
     "fieldPath": ".metadata.name",
     "reason": "FieldValueInvalid",
 }
+NAME_FORM_VALIDATION = {
+    "rule": f"self.metadata.name.matches('{NAME_PATTERN}')",
+    "message": "the name must be a DNS-1035 label: lowercase letters, digits and '-', beginning with a letter "
+    "and ending with a letter or digit (no '.'), as KubeRay wants for the RayJob and the Services named after "
+    "the job. Create the job again with such a name.",
+    "fieldPath": ".metadata.name",
+    "reason": "FieldValueInvalid",
+}
+NAME_VALIDATIONS = (NAME_VALIDATION, NAME_FORM_VALIDATION)
+
+
+def name_problems(name: str) -> list[str]:
+    """NAME_VALIDATIONS' verdicts in Python, with their messages (empty when the name is fine)."""
+    problems = []
+    if len(name) > NAME_MAX:
+        problems.append(str(NAME_VALIDATION["message"]))
+    if re.fullmatch(NAME_PATTERN, name) is None:  # RE2's '$' is the end of the text, as fullmatch
+        problems.append(str(NAME_FORM_VALIDATION["message"]))
+    return problems
 
 
 def name_problem(name: str) -> str | None:
-    """NAME_VALIDATION's verdict in Python, with its message."""
-    return None if len(name) <= NAME_MAX else str(NAME_VALIDATION["message"])
+    """The first of name_problems, None when the name is fine."""
+    return next(iter(name_problems(name)), None)
+
+
+# The API server refuses a request body over 3 MiB (its --max-request-body-bytes default, which
+# custom resources get): the largest RLTrainingJob `kubectl apply` can send. etcd's own default
+# (1.5 MiB per object) and the operator's RayJob limit (checks.RAYJOB_BYTES_MAX) are lower.
+REQUEST_BYTES_MAX = 3 * 1024 * 1024
+
+
+def document_bytes(doc: Any) -> int:
+    """The size of `doc` as JSON, as kubectl sends it."""
+    return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def size_problem(doc: Any) -> str | None:
+    """Why the API server would refuse `doc` (a manifest or its spec) for its size, None if it would not."""
+    size = document_bytes(doc)
+    if size <= REQUEST_BYTES_MAX:
+        return None
+    return (
+        f"the job is {size} bytes as JSON, over the {REQUEST_BYTES_MAX} bytes (3 MiB) the API server accepts "
+        "in one request: move large values (resources.env, model.chatTemplate, annotations) into a "
+        "ConfigMap or Secret (env valueFrom, resources.volumes)"
+    )
 
 
 class RLTrainingJob(BaseModel):

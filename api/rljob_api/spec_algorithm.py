@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import Field
@@ -53,13 +54,59 @@ class DynamicSamplingSpec(ApiModel):
 
 
 class CriticSpec(ApiModel):
-    """The value model used by advantageEstimator ppo (ignored by the others)."""
+    """The value model of advantageEstimator ppo (the others refuse it set)."""
 
     path: str | None = Field(
         default=None, max_length=4096, description="Initial critic weights; defaults to model.path."
     )
     lr: float = Field(default=1e-5, gt=0.0, le=1.0, description="Critic learning rate.")
     value_clip: float = Field(default=0.2, gt=0.0, le=10.0, description="Clip range of the value loss.")
+
+
+_RETURNS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+_GROUP = ("grpo", "gspo")
+_DEFAULT_CRITIC = {"path": None, "lr": 1e-5, "valueClip": 0.2}  # as model_dump names them
+
+# Fields that only some estimators read: (field as written, the CEL test that it is at its default,
+# the Python one, the estimators that read it, what it is). Set away from its default under another
+# estimator, it would be accepted and ignored; it is refused instead, naming the estimators that use it.
+ESTIMATOR_FIELDS: tuple[tuple[str, str, Callable[[AlgorithmSpec], bool], tuple[str, ...], str], ...] = (
+    ("klCoef", "self.klCoef == 0.0", lambda a: a.kl_coef == 0.0, _RETURNS, "KL reward shaping"),
+    ("gamma", "self.gamma == 1.0", lambda a: a.gamma == 1.0, _RETURNS, "the discount of the returns"),
+    ("lambda", "self.lambda == 1.0", lambda a: a.lam == 1.0, ("ppo",), "GAE's lambda"),
+    (
+        "critic",
+        "!has(self.critic.path) && self.critic.lr == 0.00001 && self.critic.valueClip == 0.2",
+        lambda a: a.critic.model_dump() == _DEFAULT_CRITIC,
+        ("ppo",),
+        "the value model",
+    ),
+    (
+        "normalizeGroupStd",
+        "self.normalizeGroupStd",
+        lambda a: a.normalize_group_std,
+        _GROUP,
+        "division by the group's reward std",
+    ),
+)
+
+
+def _estimator_field_rule(
+    name: str,
+    default_cel: str,
+    at_default: Callable[[AlgorithmSpec], bool],
+    users: tuple[str, ...],
+    what: str,
+) -> Rule:
+    users_cel = "[" + ", ".join(f"'{u}'" for u in users) + "]"
+    said = " and ".join([", ".join(users[:-1]), users[-1]]) if len(users) > 1 else users[0]
+    return Rule(
+        cel=f"self.advantageEstimator in {users_cel} || ({default_cel})",
+        message=f"algorithm.{name} ({what}) is used by advantageEstimator {said} only: leave it at its "
+        "default with this estimator, or choose one that uses it",
+        field=f".{name}",
+        check=lambda a: a.advantage_estimator in users or at_default(a),
+    )
 
 
 class AlgorithmSpec(ApiModel):
@@ -78,6 +125,7 @@ class AlgorithmSpec(ApiModel):
             field=".klLossCoef",
             check=lambda a: not a.use_kl_loss or a.kl_loss_coef > 0,
         ),
+        *(_estimator_field_rule(*args) for args in ESTIMATOR_FIELDS),
     )
 
     advantage_estimator: AdvantageEstimator = Field(

@@ -6,18 +6,31 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .base import ApiModel, Name, Path, section
+from .base import ApiModel, Name, section
+from .paths import path_rules
 from .rules import Rule, immutable
+
+# A directory inside the pods; its form is a rule (paths.py): absolute, no '..'.
+AbsolutePath = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class VolumeSpec(ApiModel):
     """A PersistentVolumeClaim mounted into every pod."""
 
+    rules = path_rules(
+        "subPath",
+        "sub_path",
+        form="relative",
+        label="checkpoint.volume.subPath",
+        example="runs/qwen",
+        optional=True,
+    )
+
     claim_name: Name = Field(
         description="PersistentVolumeClaim in the job's namespace (ReadWriteMany for multi-node)."
     )
-    sub_path: Annotated[str, Field(max_length=1024)] | None = Field(
-        default=None, description="Sub-directory of the volume to mount."
+    sub_path: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None, description="Sub-directory of the volume to mount: a relative path, without '..'."
     )
 
 
@@ -26,6 +39,15 @@ class ExportSpec(ApiModel):
     each, on a pod like the head, reading the checkpoint volume): the final one when the job succeeds,
     and any saved iteration on demand."""
 
+    rules = path_rules(
+        "path",
+        "path",
+        form="absolute",
+        label="checkpoint.export.path",
+        example="/checkpoints/hf",
+        optional=True,
+    )
+
     hugging_face: bool = Field(
         default=False,
         description="When training finishes, export the final checkpoint to <path>/iter_<numRollout, 7 "
@@ -33,9 +55,10 @@ class ExportSpec(ApiModel):
         "against the checkpoint; the job is Converting meanwhile and Succeeded once it is written. Needs "
         "checkpoint.volume.",
     )
-    path: Path | None = Field(
+    path: AbsolutePath | None = Field(
         default=None,
         description="Directory the exports go to, one iter_<step>/ each; defaults to <checkpoint.path>/hf. "
+        "An absolute path without '..'. "
         "It must lie on a volume the conversion pod writes: below checkpoint.path or below the mountPath "
         "of a writable persistentVolumeClaim in resources.volumes.",
     )
@@ -55,14 +78,16 @@ class CheckpointSpec(ApiModel):
     """Where checkpoints go and how often."""
 
     rules = (
+        *path_rules("path", "path", form="absolute", label="checkpoint.path", example="/checkpoints"),
         immutable("path", "path", hint="resuming reads checkpoints from it; create a new job instead"),
         immutable("volume", "volume", optional=True, hint="resuming reads checkpoints from it"),
     )
 
-    path: Path = Field(
+    path: AbsolutePath = Field(
         default="/checkpoints",
-        description="Directory for checkpoints inside the pods (iter_<step>/ below it). Resuming needs it to "
-        "outlive pods: mount volume there.",
+        description="Directory for checkpoints inside the pods (iter_<step>/ below it), where the checkpoint "
+        "volume is mounted: an absolute path without '..'. Resuming needs it to outlive pods: mount volume "
+        "there.",
     )
     volume: VolumeSpec | None = Field(
         default=None,
@@ -156,14 +181,15 @@ _EXPORT_PATH = "self.checkpoint.export.path"
 
 def _export_path_writable(spec: Any) -> bool:
     path = spec.checkpoint.export.path
-    if path is None:
+    if path is None or not path.startswith("/"):  # a relative path: ExportSpec's own rule says so
         return True
     below = [spec.checkpoint.path] + [
         v.mount_path
         for v in spec.resources.volumes
         if v.persistent_volume_claim is not None and not v.read_only
     ]
-    return any(path.startswith(root.rstrip("/") + "/") for root in below)
+    # As the CEL below: absolute paths without a trailing '/' (paths.py), compared by text.
+    return any(path.startswith(root + "/") for root in below)
 
 
 # On the spec: exports are written by a pod of their own, which sees the checkpoints and the export
@@ -177,7 +203,8 @@ EXPORT_RULES = (
         check=lambda s: not s.checkpoint.export.wanted() or s.checkpoint.volume is not None,
     ),
     Rule(
-        cel=f"!has({_EXPORT_PATH}) || {_EXPORT_PATH}.startsWith(self.checkpoint.path + '/') || "
+        cel=f"!has({_EXPORT_PATH}) || !{_EXPORT_PATH}.startsWith('/') || "
+        f"{_EXPORT_PATH}.startsWith(self.checkpoint.path + '/') || "
         "(has(self.resources.volumes) && self.resources.volumes.exists(v, has(v.persistentVolumeClaim) && "
         f"!(has(v.readOnly) && v.readOnly) && {_EXPORT_PATH}.startsWith(v.mountPath + '/')))",
         message="checkpoint.export.path must lie below checkpoint.path or below the mountPath of a writable "

@@ -13,15 +13,9 @@ from .base import QUALIFIED_NAME_PATTERN, ApiModel, LabelKey, LabelValue
 from .rules import Rule
 
 # Set by the operator (the job's identity, caches, token) or by KubeRay (Ray's addresses and auth):
-# a user value would be ignored or would break the cluster.
-OPERATOR_ENV = (
-    "RLJOB_JOB",
-    "RLJOB_JOB_NAME",
-    "RLJOB_NAMESPACE",
-    "RLJOB_CACHE",
-    "HF_HOME",
-    "HF_TOKEN_PATH",
-)
+# a user value would be ignored or would break the cluster. Every RLJOB_ name is the operator's.
+OPERATOR_ENV_PREFIX = "RLJOB_"
+OPERATOR_ENV = ("HF_HOME", "HF_TOKEN_PATH")
 KUBERAY_ENV = (
     "RAY_ADDRESS",
     "RAY_IP",
@@ -37,7 +31,23 @@ KUBERAY_ENV = (
     "KUBERAY_GEN_RAY_START_CMD",
     "KUBERAY_CRD_VER",
 )
-RESERVED_ENV = OPERATOR_ENV + KUBERAY_ENV
+# Which GPUs a process sees: the device plugin sets them for the GPUs the pod was given, and Ray
+# for each of its workers. A user value would put processes on GPUs placement did not give them
+# (or, with some container runtimes, on every GPU of the node).
+PLACEMENT_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+)
+RESERVED_ENV = OPERATOR_ENV + KUBERAY_ENV + PLACEMENT_ENV
+
+
+def reserved_env(name: str) -> bool:
+    """Whether `env` may not set the variable `name`."""
+    return name.startswith(OPERATOR_ENV_PREFIX) or name in RESERVED_ENV
+
+
 # Label prefixes the operator and KubeRay select pods by.
 RESERVED_LABEL_PREFIXES = ("rljob.dev/", "ray.io/")
 
@@ -61,19 +71,24 @@ def qualified_keys_rule(name: str, attr: str) -> Rule:
         message=f"{name}: keys must be qualified names: an optional DNS subdomain and '/', then at most 63 "
         "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit",
         field=f".{name}",
-        check=lambda o: all(re.match(QUALIFIED_NAME_PATTERN, k) for k in getattr(o, attr)),
+        # fullmatch: RE2's '$' is the end of the text, where Python's also matches before a final newline
+        check=lambda o: all(re.fullmatch(QUALIFIED_NAME_PATTERN, k) for k in getattr(o, attr)),
     )
 
 
 def reserved_env_rule(field: str = ".env") -> Rule:
-    """`env` may not set a variable the operator or KubeRay sets."""
+    """`env` may not set a variable the operator or KubeRay sets, nor one that decides the GPUs."""
     return Rule(
-        cel=f"!has(self.env) || !self.env.exists(e, e.name in {_cel_list(RESERVED_ENV)})",
-        message="env may not set a variable the operator or KubeRay sets itself ("
-        + ", ".join(RESERVED_ENV)
-        + "); use resources.secrets and resources.modelCache for tokens and caches",
+        cel=f"!has(self.env) || !self.env.exists(e, e.name.startsWith('{OPERATOR_ENV_PREFIX}') || "
+        f"e.name in {_cel_list(RESERVED_ENV)})",
+        message=f"env may not set a variable the operator or KubeRay sets itself ({OPERATOR_ENV_PREFIX}*, "
+        + ", ".join(OPERATOR_ENV + KUBERAY_ENV)
+        + ") or one that decides which GPUs a process sees ("
+        + ", ".join(PLACEMENT_ENV)
+        + ": the device plugin and Ray set them from the job's placement); use resources.secrets and "
+        "resources.modelCache for tokens and caches, and resources.trainer and resources.rollout for GPUs",
         field=field,
-        check=lambda o: not any(e.name in RESERVED_ENV for e in o.env),
+        check=lambda o: not any(reserved_env(e.name) for e in o.env),
     )
 
 

@@ -17,7 +17,9 @@ from .base import (
     Quantity,
     section,
 )
+from .extended_resource import EXTENDED_RESOURCE_MAX, GPU_RESOURCE_RULE
 from .images import RUNTIME_IMAGE
+from .paths import path_rules
 from .rules import Rule, immutable
 from .spec_affinity import Affinity
 from .spec_pods import (
@@ -159,8 +161,14 @@ class PodResources(ApiModel):
 class ModelCacheSpec(ApiModel):
     """The shared model cache volume."""
 
+    rules = path_rules(
+        "subPath", "sub_path", form="relative", label="modelCache.subPath", example="cache", optional=True
+    )
+
     claim_name: Name = Field(description="PersistentVolumeClaim (ReadWriteMany for jobs of several pods).")
-    sub_path: SubPath | None = Field(default=None, description="Directory of the claim to use.")
+    sub_path: SubPath | None = Field(
+        default=None, description="Directory of the claim to use: a relative path, without '..'."
+    )
 
 
 class HeadSpec(PodResources):
@@ -322,6 +330,7 @@ class ResourcesSpec(ApiModel):
                 or engine_pod_gpus(r) % r.rollout.gpus_per_engine == 0
             ),
         ),
+        GPU_RESOURCE_RULE,
         immutable("device", "device", hint=_GANG),
         immutable("colocate", "colocate", hint=_GANG),
         reserved_env_rule(),
@@ -337,8 +346,10 @@ class ResourcesSpec(ApiModel):
         description="cuda: pods request GPUs (gpuResourceName); cpu: no GPUs, each 'GPU' below is one CPU "
         "process slot (needs rollout.engine hf and training.backend torch).",
     )
-    gpu_resource_name: Annotated[str, Field(min_length=1, max_length=253)] = Field(
-        default="nvidia.com/gpu", description="Extended resource that pods request for GPUs."
+    gpu_resource_name: Annotated[str, Field(min_length=1, max_length=EXTENDED_RESOURCE_MAX)] = Field(
+        default="nvidia.com/gpu",
+        description="Extended resource that pods request for GPUs, <domain>/<name> as the device plugin "
+        "advertises it (nvidia.com/gpu, amd.com/gpu, ...); not cpu, memory or a kubernetes.io resource.",
     )
     colocate: bool = Field(
         default=True,

@@ -36,7 +36,8 @@ class AsyncSpec(ApiModel):
 
     enabled: bool = Field(
         default=False,
-        description="Generate step k+1 while training on step k (one step off-policy). Needs colocate false.",
+        description="Generate the next steps' rollouts while the trainer trains on this one: up to bufferSize "
+        "steps ahead, so a batch is at most bufferSize steps off-policy (1 by default). Needs colocate false.",
     )
     buffer_size: int = Field(
         default=1,
@@ -187,5 +188,5 @@ class RolloutSpec(ApiModel):
     async_: AsyncSpec = Field(
         default_factory=AsyncSpec,
         alias="async",
-        description="Asynchronous (one step off-policy) training.",
+        description="Asynchronous training: generation runs ahead of the trainer, up to bufferSize steps off-policy.",
     )

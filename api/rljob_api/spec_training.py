@@ -192,6 +192,13 @@ class TrainingSpec(ApiModel):
             "parallelism", "parallelism", hint="checkpoints are sharded for this layout; create a new job"
         ),
         *_megatron_arg_rules(),
+        Rule(
+            cel="!self.dynamicBatch.enabled || self.microBatchSize == 1",
+            message="training.microBatchSize is not used with training.dynamicBatch.enabled (maxTokensPerGpu "
+            "sizes the micro-batches): leave it 1, or turn dynamicBatch off",
+            field=".microBatchSize",
+            check=lambda t: not t.dynamic_batch.enabled or t.micro_batch_size == 1,
+        ),
     )
 
     backend: Literal["megatron", "torch"] = Field(
@@ -213,8 +220,8 @@ class TrainingSpec(ApiModel):
         default=1,
         ge=1,
         le=65536,
-        description="Samples per forward/backward pass on one data-parallel rank. Ignored with "
-        "dynamicBatch.enabled, whose maxTokensPerGpu sizes the micro-batches instead.",
+        description="Samples per forward/backward pass on one data-parallel rank. With "
+        "dynamicBatch.enabled maxTokensPerGpu sizes the micro-batches instead (and this must stay 1).",
     )
     seed: int = Field(default=42, ge=0, le=2147483647, description="Seed for data order, sampling and init.")
     optimizer: OptimizerSpec = section(OptimizerSpec, "AdamW and the learning-rate schedule.")

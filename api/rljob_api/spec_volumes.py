@@ -12,27 +12,16 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import DNS_LABEL_PATTERN, ApiModel, Name, Quantity
+from .paths import path_rules
 from .pod_paths import RESERVED_MOUNT_PATHS, RESERVED_VOLUME_NAMES
 from .rules import Rule
 
-# An absolute path without '..' segments, ':' (pod validation refuses it on mountPath), or a
-# trailing '/'; kept to what a file system path in a Linux container needs.
-MOUNT_PATH_PATTERN = r"^/([^/:\x00]+(/[^/:\x00]+)*)?$"
-# A relative path below the volume's root: no leading '/', no '..' segment.
-SUB_PATH_PATTERN = r"^[^/\x00]+(/[^/\x00]+)*$"
+# Paths are bounded strings here; their forms (absolute or relative, no '..') are rules (paths.py),
+# so that the API server and Python refuse them with the same message.
+MountPath = Annotated[str, Field(min_length=1, max_length=1024)]
+SubPath = Annotated[str, Field(min_length=1, max_length=1024)]
 
 VolumeName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
-MountPath = Annotated[str, Field(min_length=1, max_length=1024, pattern=MOUNT_PATH_PATTERN)]
-SubPath = Annotated[str, Field(min_length=1, max_length=1024, pattern=SUB_PATH_PATTERN)]
-
-
-def _no_dot_dot(path: str) -> bool:
-    return ".." not in path.split("/")
-
-
-def _no_dot_dot_cel(field: str) -> str:
-    # Without the strings extension's split(), which not every CEL evaluator has.
-    return f"!({field} == '..' || {field}.startsWith('../') || {field}.endsWith('/..') || {field}.contains('/../'))"
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -42,7 +31,7 @@ def overlaps(a: str, b: str) -> bool:
 
 
 def overlaps_cel(a: str, b: str) -> str:
-    """CEL for `overlaps` on two paths without trailing '/' (MOUNT_PATH_PATTERN guarantees it;
+    """CEL for `overlaps` on two paths without trailing '/' (the absolute-path rule guarantees it;
     '/' itself overlaps everything)."""
     return (
         f"({a} == {b} || {a} == '/' || {b} == '/' || {a}.startsWith({b} + '/') || {b}.startsWith({a} + '/'))"
@@ -52,14 +41,7 @@ def overlaps_cel(a: str, b: str) -> str:
 class KeyToPath(ApiModel):
     """One key of a ConfigMap or Secret projected as a file."""
 
-    rules = (
-        Rule(
-            cel=_no_dot_dot_cel("self.path"),
-            message="path may not contain a '..' segment",
-            field=".path",
-            check=lambda k: _no_dot_dot(k.path),
-        ),
-    )
+    rules = path_rules("path", "path", form="relative", label="path", example="config/reward.py")
 
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
         description="Key in the ConfigMap or Secret."
@@ -97,6 +79,8 @@ class HostPathVolume(ApiModel):
     """A directory of the node (node-local model caches). Refused by the operator unless its admin
     allows the path (rljob-operator --allow-host-path, chart value jobPods.allowedHostPaths)."""
 
+    rules = path_rules("path", "path", form="absolute", label="hostPath.path", example="/mnt/nvme/models")
+
     path: MountPath = Field(description="Absolute path on the node.")
     type: Literal["", "Directory", "DirectoryOrCreate"] = Field(
         default="Directory",
@@ -125,18 +109,8 @@ class Volume(ApiModel):
             field=".persistentVolumeClaim",
             check=lambda v: sum(getattr(v, a) is not None for a in _SOURCE_ATTRS) == 1,
         ),
-        Rule(
-            cel=_no_dot_dot_cel("self.mountPath"),
-            message="mountPath may not contain a '..' segment",
-            field=".mountPath",
-            check=lambda v: _no_dot_dot(v.mount_path),
-        ),
-        Rule(
-            cel=f"!has(self.subPath) || {_no_dot_dot_cel('self.subPath')}",
-            message="subPath may not contain a '..' segment",
-            field=".subPath",
-            check=lambda v: v.sub_path is None or _no_dot_dot(v.sub_path),
-        ),
+        *path_rules("mountPath", "mount_path", form="absolute", label="mountPath", example="/shared/models"),
+        *path_rules("subPath", "sub_path", form="relative", label="subPath", example="models", optional=True),
         Rule(
             cel=f"!{[*RESERVED_VOLUME_NAMES]!r}.exists(n, n == self.name)".replace('"', "'"),
             message=f"name is used by the operator's own volumes ({', '.join(RESERVED_VOLUME_NAMES)}); "

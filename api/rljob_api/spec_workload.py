@@ -7,14 +7,22 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from .base import ApiModel, ImportPath, LabelName, Path, ShortText, section
+from .model_refs import model_ref_rules
 from .rules import Rule, immutable
 
 
 class ModelSpec(ApiModel):
     """The policy model to train."""
 
+    rules = (
+        *model_ref_rules("path", "path", hub=True),
+        *model_ref_rules("tokenizer", "tokenizer", hub=True, optional=True),
+        *model_ref_rules("megatronCheckpoint", "megatron_checkpoint", hub=False, optional=True),
+    )
+
     path: Path = Field(
-        description="Hugging Face checkpoint: a directory inside the pods (e.g. on the checkpoint volume) "
+        description="Hugging Face checkpoint: a directory inside the pods (e.g. on a volume; a path begins "
+        "with '/', '.' or '~', or is one name without '/' or '@') "
         "or a hub id, Qwen/Qwen3-4B or Qwen/Qwen3-4B@<branch, tag or commit>, which the runtime downloads "
         "before Ray starts into the model cache, once per revision (resources.secrets.huggingFaceToken "
         "for gated or private models; HF_ENDPOINT in resources.env for a mirror). "
@@ -28,10 +36,10 @@ class ModelSpec(ApiModel):
         "backend starts from instead of model.path's (with a fresh optimizer; a checkpoint of this job's "
         "own checkpoint.path is resumed instead when there is one). model.path still gives the "
         "architecture and the tokenizer (the checkpoint's tensors must match its shapes); the engines get "
-        "the checkpoint's weights before the first step.",
+        "the checkpoint's weights before the first step. A path in the pods, not a URL.",
     )
     tokenizer: Path | None = Field(
-        default=None, description="Tokenizer path or hub id; defaults to model.path."
+        default=None, description="Tokenizer path or hub id, as model.path; defaults to model.path."
     )
     chat_template: Annotated[str, Field(max_length=32768)] | None = Field(
         default=None,
@@ -73,10 +81,21 @@ class EvalSpec(ApiModel):
             field=".datasets",
             check=lambda e: e.interval == 0 or len(e.datasets) > 0,
         ),
+        Rule(
+            cel="!self.beforeTraining || self.interval > 0",
+            message="beforeTraining needs interval > 0 (interval 0 disables evaluation)",
+            field=".beforeTraining",
+            check=lambda e: not e.before_training or e.interval > 0,
+        ),
     )
 
     interval: int = Field(
         default=0, ge=0, description="Evaluate every N rollout steps (and at the end); 0 disables evaluation."
+    )
+    before_training: bool = Field(
+        default=False,
+        description="Also evaluate once before the first step (at step 0): the baseline that later "
+        "evaluations are compared with. A resumed run does not repeat it.",
     )
     n_samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Samples per evaluation prompt.")
     temperature: float = Field(

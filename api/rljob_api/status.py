@@ -15,6 +15,7 @@ from .base import ApiModel, LabelName, Name
 
 Phase = Literal["Pending", "Queued", "Converting", "Starting", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = get_args(Phase)
+TERMINAL_PHASES: tuple[str, ...] = ("Succeeded", "Failed")  # a job in one never runs again
 
 ConditionType = Literal["Ready", "Reconciling", "Stalled", "Queued", "Succeeded", "Failed", "Suspended"]
 CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)

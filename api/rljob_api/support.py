@@ -183,6 +183,9 @@ def _async_limit(mode: str) -> Limit:
     )
 
 
+# The one SGLang flag the hf engine reads (as its batch size), in both spellings.
+HF_SGLANG_ARGS = ("max-running-requests", "max_running_requests")
+
 # Fields the API keeps for features to come; only their defaults run today.
 FEATURES_NOT_YET: tuple[Limit, ...] = (
     Limit(
@@ -205,6 +208,37 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         instead="leave it false",
         cel="!self.training.parallelism.sequenceParallel",
         supported=lambda s: not s.training.parallelism.sequence_parallel,
+    ),
+    Limit(
+        field=".resources.rollout.gpusPerEngine",
+        what="resources.rollout.gpusPerEngine above 1 with rollout.engine hf on cuda (an hf engine runs on "
+        "one GPU)",
+        instead="set it to 1 (one hf engine per GPU), or use rollout.engine sglang for tensor-parallel engines",
+        cel="self.resources.device != 'cuda' || self.rollout.engine != 'hf' || "
+        "self.resources.rollout.gpusPerEngine == 1",
+        supported=lambda s: (
+            s.resources.device != "cuda"
+            or s.rollout.engine != "hf"
+            or s.resources.rollout.gpus_per_engine == 1
+        ),
+    ),
+    Limit(
+        field=".rollout.sglangArgs",
+        what="rollout.sglangArgs other than max-running-requests with rollout.engine hf (the hf engine "
+        "takes no other SGLang flag)",
+        instead="remove them, or use rollout.engine sglang",
+        cel=f"self.rollout.engine != 'hf' || self.rollout.sglangArgs.all(k, k in {_cel_list(HF_SGLANG_ARGS)})",
+        supported=lambda s: (
+            s.rollout.engine != "hf" or all(k in HF_SGLANG_ARGS for k in s.rollout.sglang_args)
+        ),
+    ),
+    Limit(
+        field=".model.dtype",
+        what="model.dtype float16 with training.backend megatron (it trains without loss scaling, so "
+        "float16 gradients would underflow)",
+        instead="use bfloat16",
+        cel="self.model.dtype != 'float16' || self.training.backend != 'megatron'",
+        supported=lambda s: s.model.dtype != "float16" or s.training.backend != "megatron",
     ),
     Limit(
         field=".model.megatronCheckpoint",

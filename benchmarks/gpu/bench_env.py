@@ -12,7 +12,7 @@ for _path in (REPO / "runtime", REPO / "api", HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-# The kit's SGLang has no FA3 kernels (benchmarks/gpu/device/README.md): triton attention, torch
+# The kit's SGLang has no FA3 kernels (benchmarks/gpu/host/README.md): triton attention, torch
 # sampling, no flashinfer autotune at start.
 KIT_SGLANG_ARGS = {
     "attention-backend": "triton",

@@ -75,7 +75,7 @@ Options beyond the defaults (each recorded in the result):
   per 4,096 tokens at a 151,936 vocab, and several fp32 copies in the cross-entropy). Excludes
   ``--ce-fusion``. MFU does not count the head's recomputed GEMM.
 - ``--profile``: after the timed steps, one more step under ``torch.profiler`` (CPU + CUDA): the
-  top 25 GPU kernels by total device time, device time by category (``profile_summary.py``), and
+  top 25 GPU kernels by total GPU time, GPU time by category (``profile_summary.py``), and
   the GPU idle fraction = 1 - GPU busy time / step wall time (launch overhead, host-side work).
   Stored under ``"profile"`` in the result; the timed figures do not include the profiled step.
 """

@@ -7,7 +7,7 @@ Pure helpers (no torch import; unit-tested on CPU by tests/unit/test_megatron_mf
   events (``prof.events()``), duck-typed: GPU user annotations (record_function ranges,
   torch.compile regions, which CUPTI mirrors onto the GPU timeline and which would count their
   kernels twice) and CUDA synchronisation records are left out.
-- ``summarize_kernels``: the top kernels by total device time, totals per category, and how idle
+- ``summarize_kernels``: the top kernels by total GPU time, totals per category, and how idle
   the GPU was over the step (CPU launch overhead, host-side work such as a CPU optimizer).
 - ``format_summary`` / ``category_line``: printable tables and a one-line digest.
 """
@@ -177,8 +177,8 @@ def summarize_kernels(
     """Breakdown of one step's GPU time.
 
     ``wall_ms``: the step's wall time as profiled (synchronised before and after). ``top``: how many
-    kernels to list, by total device time (kernels grouped by full name, listed truncated to
-    ``name_width``). Percentages are of ``kernel_ms``, the summed device time of all records.
+    kernels to list, by total GPU time (kernels grouped by full name, listed truncated to
+    ``name_width``). Percentages are of ``kernel_ms``, the summed GPU time of all records.
     ``gpu_idle_fraction`` = 1 - busy / wall, busy being the union of the records' intervals (the
     same as 1 - kernel_ms / wall on one stream; no negative idle when streams overlap).
     ``reference_step_ms`` (the un-profiled mean step time) adds ``gpu_idle_fraction_unprofiled``:

@@ -40,7 +40,7 @@ within 0.1 of sync's or higher; same steps and samples) and the target line (bes
 sync's samples/s). ``--out`` writes it all as JSON after every step (a mode cut short keeps its
 steps). A failing mode is reported with its traceback's tail and the next mode runs; exit status 1
 if any failed. ``--merge A.json B.json ... --out ALL.json`` prints the combined report of earlier runs
-(e.g. one per mode, or the two device calls) without running anything.
+(e.g. one per mode, each run in a process of its own) without running anything.
 
     # the GPU machine (kit installed, two GPUs visible): one mode per process, then the report
     python3 benchmarks/gpu/rollout_modes.py --modes sync --out /tmp/j/modes-sync.json

@@ -6,6 +6,7 @@ rljob-operator [--namespace NS ...] [--metrics-port 8080] [--liveness http://0.0
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 
@@ -16,6 +17,7 @@ lazy_client.install()  # before kopf imports kubernetes_asyncio: its whole gener
 import kopf  # noqa: E402
 from prometheus_client import start_http_server  # noqa: E402
 
+from . import election  # noqa: E402
 from .build import BuildSettings  # noqa: E402
 
 
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "without spec.queueName, to Kueue (no GPU-quota queue, spec.suspend of the RayJob is Kueue's)",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    election.add_arguments(parser)
     return parser
 
 
@@ -108,9 +111,11 @@ def configure_logging(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    leader_election = election.election_from_args(args, parser)
     configure_logging(args.verbose)
-    from . import handlers, kopf_toggles  # handlers registers the handlers with kopf
+    from . import catch_up, handlers, kopf_toggles  # handlers registers the handlers with kopf
 
     kopf_toggles.install()  # before kopf starts: its start among thousands of objects was quadratic
 
@@ -129,12 +134,24 @@ def main(argv: list[str] | None = None) -> int:
     handlers.Options.namespaces = tuple(args.namespace)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-        standalone=True,
-    )
+    elector = None
+    if leader_election is None:
+        election.LEADER.set(1)
+    else:  # nothing of the operator runs until this replica holds the lease (election.py)
+        elector = election.Elector(leader_election, args.liveness)
+        elector.start()
+        elector.wait_for_leadership()
+    asyncio.run(catch_up.announce_missing(handlers.Options.namespaces))
+    try:
+        kopf.run(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+            standalone=True,
+        )
+    finally:
+        if elector is not None:
+            elector.stop()  # releases the lease once the operator has stopped
     return 0
 
 

@@ -81,10 +81,12 @@ def _refused_message(exc: ChildWriteError) -> str:
         advice = (
             "A webhook refused it: change what it names, or ask the cluster's administrator about the policy."
         )
-    elif cause.status == 404:
+    elif cause.status == 404 and exc.kind.startswith("Ray"):
         advice = (
             "The API server does not serve this kind: install KubeRay (its CRDs), then restart the operator."
         )
+    elif cause.status == 404:
+        advice = "Something it refers to is missing: create what the message names."
     elif cause.status in (400, 422):
         advice = (
             "Change the field it names in the job's spec; if the field is one the operator sets, check that "

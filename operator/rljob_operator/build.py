@@ -131,6 +131,16 @@ def build_prerequisites(job: Job, settings: BuildSettings) -> list[dict[str, Any
     return children
 
 
+def prerequisite_waves(children: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The prerequisites in the order the API server needs them: RoleBindings after the rest. An
+    identity without the `bind` verb (the operator's own) may bind a Role only when it holds every
+    rule of it, and the API server reads the Role to check that: a RoleBinding sent beside its Role
+    is refused (404, the Role not found) until the Role exists."""
+    bindings = [c for c in children if c["kind"] == "RoleBinding"]
+    rest = [c for c in children if c["kind"] != "RoleBinding"]
+    return [wave for wave in (rest, bindings) if wave]
+
+
 def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> dict[str, Any]:
     """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, quota, Kueue): True
     sets it; False and None leave the field out (False: nobody else owns it, so it is removed; None:

@@ -9,6 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rljob_api.paths import is_within
+from rljob_api.resource import name_problem
+
 from .build import worker_groups
 from .job import Job
 from .names import RAYJOB_NAME_MAX
@@ -32,6 +35,8 @@ class NodeInfo:
 
 
 def check_name(job: Job) -> Blocker | None:
+    """A name the CRD refuses today (jobs created before its name rules): KubeRay would refuse the
+    RayJob, so nothing is created and the job fails with the rule's advice."""
     if len(job.name) > RAYJOB_NAME_MAX:
         return Blocker(
             "NameTooLong",
@@ -39,6 +44,9 @@ def check_name(job: Job) -> Blocker | None:
             "for the RayJob it runs on. Create the job again with a shorter name.",
             terminal=True,
         )
+    problem = name_problem(job.name)
+    if problem:
+        return Blocker("InvalidName", f"{job.name!r}: {problem}", terminal=True)
     return None
 
 
@@ -156,11 +164,12 @@ def check_children_fit(job: Job, rayjob: Mapping[str, Any]) -> Blocker | None:
 
 
 def check_host_paths(job: Job, allowed: tuple[str, ...]) -> Blocker | None:
-    """hostPath volumes expose a node's files: only below the prefixes the operator's admin allows."""
+    """hostPath volumes expose a node's files: only at or below the directories the operator's admin
+    allows, compared by whole segments after normalisation ('/mnt/nvme-x' is not below '/mnt/nvme')."""
     refused = [
         (i, v.name, v.host_path.path)
         for i, v in enumerate(job.spec.resources.volumes)
-        if v.host_path is not None and not any(overlaps_below(v.host_path.path, p) for p in allowed)
+        if v.host_path is not None and not any(is_within(v.host_path.path, p) for p in allowed)
     ]
     if not refused:
         return None
@@ -172,12 +181,6 @@ def check_host_paths(job: Job, allowed: tuple[str, ...]) -> Blocker | None:
         "--allow-host-path, chart value jobPods.allowedHostPaths). Use a PersistentVolumeClaim, or ask "
         "the admin to allow the path.",
     )
-
-
-def overlaps_below(path: str, prefix: str) -> bool:
-    """`path` is `prefix` or lies below it."""
-    prefix = prefix.rstrip("/") or "/"
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
 def _count(quantity: str) -> int:

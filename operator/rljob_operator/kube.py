@@ -1,4 +1,5 @@
-"""The only module that talks to the API server: reads, server-side apply, status, events.
+"""The module that talks to the API server: reads, server-side apply, status, events (leader.py and
+catch_up.py build on its Kube class).
 
 Built on kubernetes_asyncio (the asyncio client generated from the Kubernetes OpenAPI spec), so no
 call blocks the kopf event loop. Objects go in and come out as plain dicts (`_preload_content=False`

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .names import LABEL_ROLE
+from .pod_fields import fields_named
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,15 @@ _QUOTA = re.compile(r"exceeded quota: (?P<quota>[^,\s]+)")
 
 
 def classify(
-    pods: Iterable[Mapping[str, Any]], rayjob: Mapping[str, Any] | None, namespace: str
+    pods: Iterable[Mapping[str, Any]],
+    rayjob: Mapping[str, Any] | None,
+    namespace: str,
+    volume_fields: Mapping[str, str] | None = None,
 ) -> Stuck | None:
-    """The job's most actionable problem, or None when nothing is stuck (yet)."""
+    """The job's most actionable problem, or None when nothing is stuck (yet). `volume_fields`: the
+    job field behind each pod volume (pod_fields.volume_fields), named when a refusal names one."""
     found: list[tuple[str, Stuck]] = []  # (pod name, problem)
-    refused = _creation_refused(rayjob)
+    refused = _creation_refused(rayjob, volume_fields or {})
     if refused is not None:
         found.append(("", refused))
     for pod in pods:
@@ -84,7 +89,7 @@ def classify(
     return first
 
 
-def _creation_refused(rayjob: Mapping[str, Any] | None) -> Stuck | None:
+def _creation_refused(rayjob: Mapping[str, Any] | None, volume_fields: Mapping[str, str]) -> Stuck | None:
     """KubeRay could not create a pod: the API server refused it (a ResourceQuota, PodSecurity, a
     LimitRange, a webhook). KubeRay's message is '<reason>\\n<the API server's message>'."""
     cluster = ((rayjob or {}).get("status") or {}).get("rayClusterStatus") or {}
@@ -105,10 +110,16 @@ def _creation_refused(rayjob: Mapping[str, Any] | None) -> Stuck | None:
                 "created when the quota has room.",
                 since,
             )
+        named = fields_named(detail, volume_fields)
+        advice = (
+            f"It comes from {' and '.join(named)} of this job: change {'them' if len(named) > 1 else 'it'}, "
+            "or ask an administrator to allow it in this namespace."
+            if named
+            else "Change what the API server names (the job's resources, or the namespace's policy)."
+        )
         return Stuck(
             "PodCreationRefused",
-            f"KubeRay cannot create the job's {which}: {detail}. Change what the API server names "
-            "(the job's resources, or the namespace's policy).",
+            f"KubeRay cannot create the job's {which}: {detail}. {advice}",
             since,
             stalls_at_once=True,
         )

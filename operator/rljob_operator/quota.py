@@ -13,9 +13,16 @@ hard limit can never fit: it is refused (QuotaTooSmall, Stalled) and holds up no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from rljob_api.status import TERMINAL_PHASES
+
+from .job import Job
+from .names import LABEL_COMPONENT, LABEL_JOB
+from .quantity import whole_units
 
 
 @dataclass(frozen=True)
@@ -86,3 +93,65 @@ def decide(name: str, jobs: Iterable[JobDemand], quotas: Iterable[Quota], resour
         f"use, {reserved} reserved by starting jobs{ahead}. It starts when enough GPUs are free.",
         position=position,
     )
+
+
+def quotas_of(resource_quotas: Iterable[Mapping[str, Any]], resource: str) -> list[Quota]:
+    """The namespace's ResourceQuotas that limit `requests.<resource>`, as the API server counts them."""
+    key = f"requests.{resource}"
+    return [
+        Quota(
+            q["metadata"]["name"],
+            whole_units(q["status"]["hard"][key]),
+            whole_units((q["status"].get("used") or {}).get(key, "0")),
+        )
+        for q in resource_quotas
+        if key in ((q.get("status") or {}).get("hard") or {})
+    ]
+
+
+def charged_gpus(pods: Iterable[Mapping[str, Any]], resource: str) -> dict[str, int]:
+    """{job name: the GPUs its live pods request}: what the quota's `used` already counts."""
+    charged: dict[str, int] = {}
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        owner = pod["metadata"]["labels"][LABEL_JOB]
+        for container in pod["spec"]["containers"]:
+            requests = (container.get("resources") or {}).get("requests") or {}
+            charged[owner] = charged.get(owner, 0) + whole_units(requests.get(resource, "0"))
+    return charged
+
+
+def demands(
+    me: Job,
+    jobs: Iterable[Job],
+    rayjobs: Iterable[Mapping[str, Any]],
+    charged: Mapping[str, int],
+    now: datetime,
+) -> list[JobDemand]:
+    """The namespace's jobs that compete for its quota (this operator's, not finished, suspended or
+    left to Kueue), `me` included. Admitted: its training RayJob exists and is not suspended
+    (conversion RayJobs take no GPUs)."""
+    training = {
+        r["metadata"]["labels"][LABEL_JOB]: r
+        for r in rayjobs
+        if LABEL_JOB in (r["metadata"].get("labels") or {})
+        and r["metadata"]["labels"].get(LABEL_COMPONENT, "rayjob") == "rayjob"
+    }
+    out = []
+    for job in jobs:
+        if (
+            job.deleting
+            or job.spec.suspend
+            or job.status.get("phase") in TERMINAL_PHASES
+            or job.spec.queue_name
+        ):
+            continue
+        rayjob = training.get(job.name)
+        admitted = rayjob is not None and not (rayjob.get("spec") or {}).get("suspend")
+        out.append(
+            JobDemand(job.name, job.created or now, job.spec.total_gpus(), admitted, charged.get(job.name, 0))
+        )
+    if me.name not in {d.name for d in out}:
+        out.append(JobDemand(me.name, me.created or now, me.spec.total_gpus(), False))
+    return out

@@ -1,3 +1,4 @@
+# long-file: the Reconciler: the reads of a pass, the stages plan.py decides, and the writes they make
 """One idempotent, level-based reconcile of one RLTrainingJob.
 
 Each pass: read the job and what exists, check what would stop it, decide admission (suspend,
@@ -22,12 +23,17 @@ from rljob_api.errors import SpecError
 
 from .api_errors import ChildWriteError, Trouble, describe, trouble
 from .applied import AppliedChildren
-from .build import BuildSettings, build_conversion_rayjob, build_prerequisites, build_rayjob
+from .build import (
+    BuildSettings,
+    build_conversion_rayjob,
+    build_prerequisites,
+    build_rayjob,
+    prerequisite_waves,
+)
 from .checks import (
     Blocker,
     check_children_fit,
     check_host_paths,
-    check_name,
     check_nodes,
     check_references,
     claims_needed,
@@ -42,7 +48,6 @@ from .conversions import (
     entries,
     export_conversion,
     export_steps,
-    exporting,
     megatron_conversion,
     needs_megatron_checkpoint,
     state_of,
@@ -55,7 +60,6 @@ from .kueue import kueue_admits
 from .metrics import Metrics
 from .names import (
     KUEUE_GATE_MANAGER,
-    LABEL_COMPONENT,
     LABEL_JOB,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -63,12 +67,12 @@ from .names import (
 )
 from .own_writes import Cause, OwnWrites
 from .permissions import describe_api_error
+from .plan import plan
+from .pod_fields import volume_fields
 from .pod_states import classify
-from .quantity import whole_units
-from .quota import Decision, JobDemand, Quota, decide
-from .restarts import Failure, failure_of, is_recorded, restart_pending, should_restart
+from .quota import Decision, charged_gpus, decide, demands, quotas_of
+from .restarts import Failure, is_recorded, recreating
 from .status import (
-    TERMINAL,
     Observed,
     announcement,
     compute_status,
@@ -345,26 +349,14 @@ class Reconciler:
             self.emit(obj, "Warning", "InvalidSpec", str(exc))
             return
         now = self.clock()
-        rayjob = await self._read_rayjob(namespace, rayjob_name(name))
-        leftover = None
-        if rayjob is not None and not job.owns(rayjob):
-            # An earlier job of this name was deleted and this one created (kubectl replace --force,
-            # a GitOps re-create): its RayJob goes by garbage collection, then this job's is created.
-            leftover, rayjob = rayjob["metadata"]["name"], None
-        blocker = check_name(job)
+        planned = plan(job, await self._read_rayjob(namespace, rayjob_name(name)))
+        if planned.restart is not None and planned.rayjob is not None:
+            job, rayjob = await self._restart(obj, job, planned.rayjob, planned.restart, now)
+            planned = plan(job, rayjob)  # the failed RayJob may be gone already: its successor is due
+        rayjob, leftover, blocker = planned.rayjob, planned.leftover, planned.blocker
         queue: Decision | None = None
-        finished = job.status.get("phase") in TERMINAL
-        # Training succeeded and the final export runs: nothing is restarted or created for training.
-        after_training = exporting(job.status)
-        if blocker is None and not finished and not after_training and rayjob is not None:
-            failure = failure_of(rayjob)
-            if failure is not None and should_restart(job, failure):
-                job, rayjob = await self._restart(obj, job, rayjob, failure, now)
-        # The failed RayJob of a recorded restart is still being deleted: nothing is applied to it,
-        # its successor is created once it is gone (its deletion is an event on it).
-        going = rayjob is not None and restart_pending(job, rayjob)
         conversions = Conversions()
-        if blocker is None and not finished and not after_training and not going and leftover is None:
+        if planned.apply:
             running = rayjob is not None and not (rayjob.get("spec") or {}).get("suspend")
             if not running:
                 blocker = await self._preflight(job)
@@ -372,14 +364,11 @@ class Reconciler:
                 create, suspend, queue = await self._admission(job, rayjob)
                 if create:
                     new = rayjob is None and not job.status.get("phase")
-                    # At once: none of the prerequisites needs another to exist, and a new job's
-                    # Pending status goes with them (they run nothing); its RayJob comes after all.
+                    # At once: a new job's Pending status and the prerequisites (they run nothing;
+                    # the RoleBinding after its Role); its RayJob after all.
                     done = await all_of(
                         *([self._record_pending(obj, job, Observed(now, None, None, queue))] if new else []),
-                        *(
-                            self._apply_child(job, c, read=False)
-                            for c in build_prerequisites(job, self.settings)
-                        ),
+                        self._apply_prerequisites(job),
                     )
                     if new:
                         job = done[0]
@@ -404,13 +393,22 @@ class Reconciler:
                     if applied is not rayjob:
                         self._own_rayjob(job, applied)
                     rayjob = applied
-        if blocker is None and leftover is None:
+        if planned.export and blocker is None:  # not while a pre-flight check stops the job
             for step in export_steps(job, training_succeeded(job, rayjob)):
                 await self._conversion(job, export_conversion(job, step), conversions)
         pods = None
-        if rayjob is not None and not going and job.status.get("phase") in ("Starting", "Pending", None):
+        if (
+            rayjob is not None
+            and not planned.replacing
+            and job.status.get("phase") in ("Starting", "Pending", None)
+        ):
             # Read only while starting: why its pods do not run (a running job's pass lists nothing).
-            pods = classify(await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), rayjob, namespace)
+            pods = classify(
+                await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"),
+                rayjob,
+                namespace,
+                volume_fields(job.spec),
+            )
         elif rayjob is None and (converting := conversions.running_before_training()) is not None:
             # The same for the conversion's pod: an unbound model cache claim, a failing image pull.
             pods = classify(
@@ -474,17 +472,29 @@ class Reconciler:
         if rayjob is not None and entry is not None and entry["state"] == FAILED:
             return FAILED  # kept for a person: deleting it asks for another try
         if rayjob is None:
-            # Its pod's service account.
-            await all_of(
-                *(self._apply_child(job, c, read=False) for c in build_prerequisites(job, self.settings))
-            )
+            await self._apply_prerequisites(job)  # its pod's service account
             rayjob = await self._apply_child(job, build_conversion_rayjob(job, self.settings, want))
         conversions.seen[want.name] = rayjob
         return state_of(rayjob)[0]
 
+    async def _apply_prerequisites(self, job: Job) -> None:
+        """The runtime's identity and the NetworkPolicy, each wave at once (prerequisite_waves)."""
+        for wave in prerequisite_waves(build_prerequisites(job, self.settings)):
+            await all_of(*(self._apply_child(job, c, read=False) for c in wave))
+
     def _announce_created(self, obj: dict[str, Any], job: Job, rayjob: dict[str, Any]) -> None:
-        name = rayjob["metadata"]["name"]
-        self.emit(obj, "Normal", "Created", f"created RayJob {name} ({job.spec.total_gpus()} GPUs)")
+        name, gpus = rayjob["metadata"]["name"], job.spec.total_gpus()
+        if recreating(job.status):
+            self.emit(
+                obj,
+                "Warning",
+                "Recreated",
+                f"RayJob {name} was deleted, not by this operator; recreated it ({gpus} GPUs). Its Ray job "
+                "starts again (from the latest checkpoint, if checkpoint.resume allows). To stop the job, "
+                "delete the RLTrainingJob or set spec.suspend: true",
+            )
+            return
+        self.emit(obj, "Normal", "Created", f"created RayJob {name} ({gpus} GPUs)")
 
     def reapply_all(self, present: Collection[JobKey] | None = None) -> None:
         """The next pass of each job applies its children again, changed or not (the resync pass:
@@ -602,55 +612,20 @@ class Reconciler:
         return exists, True, decision
 
     async def _quota(self, job: Job) -> Decision:
+        """Reads the namespace (quotas, RayJobs, pods, jobs); quota.py counts and decides."""
         resource = job.spec.resources.gpu_resource_name
-        key = f"requests.{resource}"
-        quotas = [
-            Quota(
-                q["metadata"]["name"],
-                whole_units(q["status"]["hard"][key]),
-                whole_units((q["status"].get("used") or {}).get(key, "0")),
-            )
-            for q in await self.kube.list_quotas(job.namespace)
-            if key in ((q.get("status") or {}).get("hard") or {})
-        ]
+        quotas = quotas_of(await self.kube.list_quotas(job.namespace), resource)
         if not quotas:
             return Decision(True)
-        rayjobs = {  # training RayJobs only: conversions take no GPUs
-            r["metadata"]["labels"][LABEL_JOB]: r
-            for r in await self.kube.list_rayjobs(job.namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY}")
-            if LABEL_JOB in (r["metadata"].get("labels") or {})
-            and r["metadata"]["labels"].get(LABEL_COMPONENT, "rayjob") == "rayjob"
-        }
-        charged: dict[str, int] = {}
-        for pod in await self.kube.list_pods(job.namespace, LABEL_JOB):
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            owner = pod["metadata"]["labels"][LABEL_JOB]
-            for container in pod["spec"]["containers"]:
-                requests = (container.get("resources") or {}).get("requests") or {}
-                charged[owner] = charged.get(owner, 0) + whole_units(requests.get(resource, "0"))
-        demands = []
+        rayjobs = await self.kube.list_rayjobs(job.namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY}")
+        charged = charged_gpus(await self.kube.list_pods(job.namespace, LABEL_JOB), resource)
+        jobs = []
         for other in await self.kube.list_jobs(job.namespace):
             try:
-                o = job_from_object(other, self._specs)
+                jobs.append(job_from_object(other, self._specs))
             except SpecError:
                 continue
-            if o.deleting or o.spec.suspend or o.status.get("phase") in TERMINAL or o.spec.queue_name:
-                continue
-            rj = rayjobs.get(o.name)
-            admitted = rj is not None and not (rj.get("spec") or {}).get("suspend")
-            demands.append(
-                JobDemand(
-                    o.name,
-                    o.created or self.clock(),
-                    o.spec.total_gpus(),
-                    admitted,
-                    charged.get(o.name, 0),
-                )
-            )
-        if job.name not in {d.name for d in demands}:
-            demands.append(JobDemand(job.name, job.created or self.clock(), job.spec.total_gpus(), False))
-        return decide(job.name, demands, quotas, resource)
+        return decide(job.name, demands(job, jobs, rayjobs, charged, self.clock()), quotas, resource)
 
     def _announce(self, obj: dict[str, Any], job: Job, status: dict[str, Any]) -> None:
         event = announcement(job.status, status)

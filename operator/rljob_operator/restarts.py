@@ -146,6 +146,18 @@ def is_recorded(status: Mapping[str, Any], uid: str) -> bool:
     return bool(uid) and any(entry.get("rayJobUid") == uid for entry in history(status))
 
 
+def recreating(status: Mapping[str, Any]) -> bool:
+    """Whether a RayJob created now replaces one deleted behind the operator's back (by hand, by a
+    cleanup script): the job had one (status.children.rayJob) and no restart of the operator's own
+    replaces it (Ready's reason is Restarting from the failure until the new RayJob exists)."""
+    if not (status.get("children") or {}).get("rayJob"):
+        return False
+    ready: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    return ready.get("reason") != RESTARTING
+
+
 def restart_pending(job: Job, rayjob: Mapping[str, Any] | None) -> bool:
     """Between a recorded restart and its new RayJob: the failed one is still there (being
     deleted) or gone, and no new one exists yet."""

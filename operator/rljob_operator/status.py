@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from rljob_api.contract import RLJOB_CACHE
-from rljob_api.status import CONDITION_TYPES
+from rljob_api.status import CONDITION_TYPES, TERMINAL_PHASES
 
 from .checks import Blocker
 from .conversions import (
@@ -57,7 +57,7 @@ from .restarts import (
     with_restart,
 )
 
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = TERMINAL_PHASES
 RETRYING = "Retrying"  # Reconciling's reason while API calls fail and are retried
 
 # Condition types that are True in each phase (all others are False).

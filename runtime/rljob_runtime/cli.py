@@ -3,10 +3,11 @@
 rljob-runtime validate --config job.yaml
 rljob-runtime train --config job.yaml
 
-`train` exits 0 when the run succeeded, EXIT_NOT_RETRIABLE (78) when the job was refused before it
-started (an invalid config, or `prepare` refused the spec, the data or the model), 1 for any other
-failure (the run itself failed) and 130 when interrupted; a killed runtime has no say. The operator
-restarts the whole job (up to faultTolerance.backoffLimit) for every failure but 78.
+`train` exits 0 when the run succeeded, EXIT_NOT_RETRIABLE (78) when the job cannot run as
+configured (an invalid config, `prepare` refused the spec, the data or the model, or a configuration
+error met later in the run: config_errors), 1 for any other failure (the run itself failed) and 130
+when interrupted; a killed runtime has no say. The operator restarts the whole job (up to
+faultTolerance.backoffLimit) for every failure but 78.
 """
 
 from __future__ import annotations
@@ -56,10 +57,15 @@ def _train(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+    except Exception as exc:  # a config that cannot be read or validated is final, whatever the error
+        if not isinstance(exc, ConfigError):
+            exc = ConfigError(
+                [f"{type(exc).__name__}: {' '.join(str(exc).split())}"], source=str(args.config)
+            )
         print(exc, file=sys.stderr)
         print(f"rljob-runtime: invalid config: {exc.problems[0]}", file=sys.stderr)
         return EXIT_NOT_RETRIABLE
+    from .config_errors import is_config_error
     from .driver import RunError, RunOptions, prepare, run
     from .report import JobIdentity
     from .wandb_log import RunIdentity
@@ -83,7 +89,7 @@ def _train(args: argparse.Namespace) -> int:
         try:
             prepared = prepare(config.spec)
         except Exception as exc:
-            if refused_by_prepare(exc):
+            if refused_by_prepare(exc) or is_config_error(exc):
                 print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
                 return EXIT_NOT_RETRIABLE
             raise
@@ -105,9 +111,15 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("rljob-runtime: interrupted; stopped engines, router and trainer", file=sys.stderr)
         return 130
-    except (RunError, ValueError, RuntimeError, NotImplementedError, OSError) as exc:
+    except Exception as exc:
         # Contract with the operator: the last line of output is a one-line reason. Once running, a
-        # failure is retriable (exit 1): a new Ray cluster may get past it, up to backoffLimit.
+        # failure is retriable (exit 1): a new Ray cluster may get past it, up to backoffLimit; a
+        # configuration error is not, wherever it comes from (config_errors).
+        if is_config_error(exc):
+            print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
+            return EXIT_NOT_RETRIABLE
+        if not isinstance(exc, RunError | ValueError | RuntimeError | NotImplementedError | OSError):
+            raise
         print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
         return 1
     print(f"done: {result.steps_done} steps; last checkpoint {result.last_checkpoint}", flush=True)

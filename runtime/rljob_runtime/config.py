@@ -13,7 +13,7 @@ import yaml
 from rljob_api import yaml_load
 from rljob_api.errors import SpecError
 from rljob_api.metadata import metadata_problems
-from rljob_api.resource import KIND, parse_document
+from rljob_api.resource import KIND, parse_document, size_problem
 from rljob_api.spec import RLTrainingJobSpec
 
 
@@ -53,6 +53,8 @@ def load_config(path: str | Path) -> RuntimeConfig:
         raise ConfigError([f"{path}: no such file"], source=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}"], source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot be read: {exc}"], source=str(path)) from None
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(jobs) > 1:
         raise ConfigError([f"{path}: holds {len(jobs)} {KIND} documents; give one"], source=str(path))
@@ -64,6 +66,9 @@ def load_config(path: str | Path) -> RuntimeConfig:
 
 
 def config_from_document(doc: Any, source: str = "<memory>") -> RuntimeConfig:
+    too_large = size_problem(doc)
+    if too_large:  # the API server refuses the whole request before it reads a field
+        raise ConfigError([too_large], source=source)
     try:
         spec, metadata = parse_document(doc)
     except SpecError as exc:

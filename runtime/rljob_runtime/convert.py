@@ -1,3 +1,4 @@
+# long-file: the conversion command line and its five subcommands; not yet moved under trainer/megatron/
 """Checkpoint conversion for the megatron backend: Hugging Face <-> Megatron distributed checkpoint
 (megatron-core ``dist_checkpointing``, torch_dist backend), and a tensor-by-tensor check of a
 conversion against its source.

@@ -1,3 +1,4 @@
+# long-file: preparation, the loop and checkpoint state in one module; not yet split into prepare and run state
 """The training loop, plain like slime's train.py: for each rollout step, generate through the
 router, score, compute advantages, train, push weights, save on interval, report.
 
@@ -114,7 +115,7 @@ def prepare(spec: RLTrainingJobSpec) -> Prepared:
     from transformers import AutoTokenizer
 
     tokenizer_path = str(resolve_tokenizer(spec.model.tokenizer)) if spec.model.tokenizer else model_path
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=spec.model.trust_remote_code)
     needs_label = reward_needs_label(spec.reward)
     source, loaded = PromptSource.from_spec(
         spec.data,
@@ -342,6 +343,8 @@ def _loop(
     if start > 0:
         print(f"resumed from step {start} ({last_ckpt})", flush=True)
     restarts = TrainerRestarts(spec.fault_tolerance.max_trainer_restarts)
+    if start == 0 and spec.data.eval.before_training:  # before any rollout runs ahead: nothing to quiet
+        reporter.baseline(evaluate(prepared, crew.rollout))
     source = StepRollouts(prepared, crew.rollout, start, buffered)  # the rollouts saved by the checkpoint
     step = start
     try:

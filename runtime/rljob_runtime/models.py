@@ -165,6 +165,13 @@ def model_on_this_node(reference: str, resolved: str | os.PathLike[str], *, fiel
     return str(resolve_model(reference, field=field))
 
 
+def tokenizer_on_this_node(reference: str, resolved: str | os.PathLike[str]) -> str:
+    """model.tokenizer's directory as this process sees it (``model_on_this_node``'s rule)."""
+    if Path(resolved).is_dir():
+        return os.fspath(resolved)
+    return str(resolve_tokenizer(reference))
+
+
 def resolve_tokenizer(
     ref: str | os.PathLike[str],
     *,

@@ -183,6 +183,19 @@ class ProgressReporter:
                 self._patch({}, manager=RUNTIME_MESSAGE_FIELD_MANAGER)
                 self._message_cleared = True
 
+    def baseline(self, eval_rewards: Mapping[str, float]) -> None:
+        """The evaluation before the first step (data.eval.beforeTraining): a line, and the scalars at
+        step 0 beside the later evaluations'."""
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in eval_rewards.items())
+        print(f"eval before training: {shown}", file=self.stream, flush=True)
+        scalars = step_scalars({}, eval_rewards)
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, 0)
+            self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(0, scalars)
+
     def trainer_restarted(self, count: int, message: str) -> None:
         """An in-run trainer restart: a line, status.progress.trainerRestarts and lastTrainerRestart,
         and a Warning event TrainerRestarted on the job."""

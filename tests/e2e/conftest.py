@@ -4,6 +4,12 @@ The session fixture ``cluster`` reuses a healthy running dev cluster, or starts 
 binaries on first use) and stops it at the end of the session unless ``RLJOB_KEEP_CLUSTER=1``.
 When the harness cannot start, every test using it fails with the harness's message: e2e tests
 are never skipped silently, so CI notices.
+
+`make test-e2e` runs the tests in one process, the `make demo` test first (`pytest_collection_modifyitems`
+below): it starts a control plane of its own and trains on CPU for most of its ten minutes, and it ran
+three times slower after the other tests, beside what they leave running (the shared cluster, its
+operator and Ray). Running the tests on two pytest-xdist workers made the total no shorter: every
+test keeps both cores busy.
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
 # A cold build of the Go binaries takes many minutes on a small machine.
 UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `make demo` test first, on a machine nothing else has loaded yet (the order is stable)."""
+    items.sort(key=lambda item: item.path.name != "test_demo.py")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,20 @@ class OperatorProcess:
     def log_path(self) -> Path:
         return self.log_dir / f"operator-{self.starts}.log"
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 60, attempts: int = 3) -> None:
+        """Launches and waits until healthy. The ports free_port() chose may be taken by another
+        process before the operator binds them: that start is retried on new ports."""
+        for attempt in range(attempts):
+            self.launch()
+            try:
+                self.wait_healthy(timeout)
+                return
+            except RuntimeError:
+                if attempt == attempts - 1 or "Address already in use" not in self.log_tail():
+                    raise
+
+    def launch(self) -> None:
+        """Starts the process without waiting for it (several can then start at once)."""
         self.starts += 1
         self.metrics_port, self.health_port = free_port(), free_port()
         # As in the operator image: no synchronous `kubernetes` client importable.
@@ -59,6 +72,9 @@ class OperatorProcess:
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -73,9 +73,12 @@ class Install:
 
 @pytest.fixture(scope="module")
 def installed(crd: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
-    """The cluster-wide install, in a namespace that enforces the restricted Pod Security Standard."""
+    """The cluster-wide install, in a namespace that enforces the restricted Pod Security Standard,
+    with the FlowSchema opted into (it is off by default)."""
     namespace = _namespace(crd, "rljob-system", RESTRICTED)
-    install = Install(crd, "e2e", namespace, tmp_path_factory.mktemp("chart"))
+    install = Install(
+        crd, "e2e", namespace, tmp_path_factory.mktemp("chart"), "--set=flowControl.enabled=true"
+    )
     yield install
     install.stop()
     helm(crd, "uninstall", install.release, "-n", namespace, "--wait")
@@ -109,7 +112,7 @@ def _flow_schema_of_a_request(cluster: Any, kubeconfig: Path) -> str:
 def test_the_operators_requests_are_served_at_the_charts_priority_level(
     installed: Install, crd: Any, tmp_path: Path
 ) -> None:
-    """The chart's FlowSchema takes the operator's identity to workload-high; any other
+    """The chart's FlowSchema (opted into) takes the operator's identity to workload-high; any other
     ServiceAccount's requests stay in service-accounts (workload-low), as the operator's would without it."""
     assert _flow_schema_of_a_request(crd, installed.kubeconfig) == "e2e-rljob"
     schema = json.loads(crd.kubectl("get", "flowschema", "e2e-rljob", "-o", "json").stdout)
@@ -195,4 +198,66 @@ def test_a_missing_secret_shows_as_the_pods_config_error_without_reading_secrets
 
     st = wait_for("Stalled with the pod's reason", stalled, operator, timeout=60)
     assert 'secret "hf" not found' in condition(st, "Stalled")["message"]
+    crd.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def _can_i(cluster: Any, user: str, verb: str, namespace: str) -> bool:
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, "rltrainingjobs.rljob.dev", "-n", namespace, f"--as={user}", check=False
+    )
+    return proc.stdout.strip() == "yes"
+
+
+def test_people_bound_to_the_built_in_edit_and_view_roles_get_jobs(installed: Install, crd: Any) -> None:
+    """The chart's editor and viewer ClusterRoles reach people through the built-in `edit` and `view`
+    ClusterRoles, aggregated by the cluster's own controller (kube-controller-manager): a user bound to
+    `edit` in a namespace creates a job there, a user bound to `view` reads it but cannot create one,
+    and neither writes its status."""
+    namespace = _namespace(crd, "people")
+    suffix = uuid.uuid4().hex[:6]
+    editor, viewer = f"editor-{suffix}", f"viewer-{suffix}"
+    crd.apply(
+        *(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{role}-{user}", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            }
+            for role, user in (("edit", editor), ("view", viewer))
+        )
+    )
+    deadline = time.monotonic() + 60  # the aggregation controller and the authorizer's cache
+    while not (_can_i(crd, editor, "create", namespace) and _can_i(crd, viewer, "list", namespace)):
+        if time.monotonic() > deadline:
+            edit = crd.kubectl("get", "clusterrole", "edit", "-o", "yaml").stdout
+            pytest.fail(f"the built-in edit and view roles did not take the chart's rules in 60 s:\n{edit}")
+        time.sleep(1)
+    aggregated = json.loads(crd.kubectl("get", "clusterrole", "edit", "view", "-o", "json").stdout)["items"]
+    for role in aggregated:  # the rules are in the built-in roles themselves
+        assert any("rltrainingjobs" in rule.get("resources", []) for rule in role["rules"]), role
+
+    manifest = json.dumps(_in(namespace, job("by-an-editor")))
+    created = crd.kubectl("create", "-f", "-", f"--as={editor}", input=manifest, check=False)
+    assert created.returncode == 0, created.stderr
+    seen = crd.kubectl("get", "rljob", "by-an-editor", "-n", namespace, f"--as={viewer}", "-o", "json")
+    assert json.loads(seen.stdout)["metadata"]["name"] == "by-an-editor"
+    listed = crd.kubectl("get", "rljobs", "-n", namespace, f"--as={viewer}", "-o", "name")
+    assert listed.stdout.split() == ["rltrainingjob.rljob.dev/by-an-editor"]
+
+    other = json.dumps(_in(namespace, job("by-a-viewer")))
+    refused = crd.kubectl("create", "-f", "-", f"--as={viewer}", input=other, check=False)
+    assert refused.returncode != 0 and 'cannot create resource "rltrainingjobs"' in refused.stderr, (
+        refused.stderr
+    )
+    status = json.dumps({"status": {"phase": "Succeeded"}})
+    for user in (editor, viewer):  # the status is the operator's to write
+        patched = crd.kubectl(
+            "patch", "rljob", "by-an-editor", "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", status, f"--as={user}", check=False,
+        )  # fmt: skip
+        assert patched.returncode != 0 and "cannot patch resource" in patched.stderr, patched.stderr
+    deleted = crd.kubectl("delete", "rljob", "by-an-editor", "-n", namespace, f"--as={editor}", check=False)
+    assert deleted.returncode == 0, deleted.stderr
     crd.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -70,6 +70,10 @@ def test_upgrade_keeps_jobs_and_uninstall_leaves_no_namespace_stuck(crd: Any, tm
     assert (
         crd.get("clusterrole", "up-rljob") is None and crd.get("serviceaccount", "up-rljob", system) is None
     )
+    assert (
+        crd.get("clusterrole", "up-rljob-editor") is None
+        and crd.get("role", "up-rljob-leader", system) is None
+    )
     assert crd.get("crd", "rltrainingjobs.rljob.dev") is not None  # Helm never deletes CRDs
     crd.kubectl("delete", "namespace", system, jobs, "--wait=false")
     deadline = time.monotonic() + 120

@@ -7,16 +7,28 @@ from __future__ import annotations
 import copy
 import json
 import re
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from rljob_api.errors import SpecError
-from rljob_api.resource import API_VERSION, KIND, parse_spec
+from rljob_api.resource import API_VERSION, KIND, name_problems, parse_spec, size_problem
 
 from spec_cases import BASE_SPEC, IMMUTABLE_CASES, MUTABLE_PATCHES, RULE_CASES, SCHEMA_CASES, Case, patched
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def dry_namespace(crd: Any) -> Iterator[str]:
+    """One namespace for the server-side dry runs, which store nothing: a namespace per case would
+    cost the API server and the namespace controller more than the case itself."""
+    ns = f"e2e-dry-{uuid.uuid4().hex[:8]}"
+    crd.kubectl("create", "namespace", ns)
+    yield ns
+    crd.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def _manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +59,15 @@ def test_short_names_printer_columns_and_status(crd: Any, namespace: str) -> Non
     progress = {
         "status": {
             "phase": "Running",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Running",
+                    "message": "step 120/3000",
+                    "lastTransitionTime": "2026-11-28T00:00:00Z",
+                }
+            ],
             "gpus": 8,
             "progress": {"step": 120, "numRollout": 3000, "stepText": "120/3000", "rewardMean": 0.47},
         }
@@ -64,8 +85,8 @@ def test_short_names_printer_columns_and_status(crd: Any, namespace: str) -> Non
     for args in (["get", "rljobs"], ["get", "rljob", "columns"], ["get", "rltrainingjobs.rljob.dev"]):
         out = crd.kubectl(*args, f"--namespace={namespace}").stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "GPUS", "AGE"], out
-        assert row.split()[:5] == ["columns", "Running", "120/3000", "0.47", "8"], out
+        assert header.split() == ["NAME", "PHASE", "REASON", "STEP", "REWARD", "GPUS", "AGE"], out
+        assert row.split()[:6] == ["columns", "Running", "Running", "120/3000", "0.47", "8"], out
     wide = crd.kubectl("get", "rljobs", f"--namespace={namespace}", "-o", "wide").stdout
     assert "MODEL" in wide.splitlines()[0] and "Qwen/Qwen3-4B" in wide
     # The ml category lists it beside other ML workloads.
@@ -103,23 +124,25 @@ def test_valid_manifest_gets_the_models_defaults(crd: Any, namespace: str) -> No
 
 
 @pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: c.name)
-def test_rule_violations_are_refused_with_the_python_message(crd: Any, namespace: str, case: Case) -> None:
+def test_rule_violations_are_refused_with_the_python_message(
+    crd: Any, dry_namespace: str, case: Case
+) -> None:
     spec = patched(case.patch)
-    proc = _apply(crd, namespace, _manifest(f"bad-{case.name}", spec), dry_run=True)
+    proc = _apply(crd, dry_namespace, _manifest(f"bad-{case.name}", spec), dry_run=True)
     assert proc.returncode != 0, f"accepted: {case.name}"
     assert f"{case.path}: Invalid value" in proc.stderr, proc.stderr
     assert _python_message(spec, case.path) in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: c.name)
-def test_nearby_valid_manifests_are_accepted(crd: Any, namespace: str, case: Case) -> None:
-    proc = _apply(crd, namespace, _manifest(f"ok-{case.name}", patched(case.valid_patch)), dry_run=True)
+def test_nearby_valid_manifests_are_accepted(crd: Any, dry_namespace: str, case: Case) -> None:
+    proc = _apply(crd, dry_namespace, _manifest(f"ok-{case.name}", patched(case.valid_patch)), dry_run=True)
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("case", SCHEMA_CASES, ids=lambda c: c.name)
-def test_schema_violations_are_refused_naming_the_field(crd: Any, namespace: str, case: Case) -> None:
-    proc = _apply(crd, namespace, _manifest(f"bad-{case.name}", patched(case.patch)), dry_run=True)
+def test_schema_violations_are_refused_naming_the_field(crd: Any, dry_namespace: str, case: Case) -> None:
+    proc = _apply(crd, dry_namespace, _manifest(f"bad-{case.name}", patched(case.patch)), dry_run=True)
     assert proc.returncode != 0, f"accepted: {case.name}"
     assert case.path in proc.stderr, proc.stderr
 
@@ -150,3 +173,23 @@ def test_a_bad_manifest_among_good_ones_is_refused_alone(crd: Any, namespace: st
     assert proc.returncode != 0 and "batch-bad" in proc.stderr
     assert crd.get("rljob", "batch-bad", namespace) is None
     assert crd.get("rljob", "batch-good", namespace) is not None
+
+
+@pytest.mark.parametrize("name", ["1st-run", "qwen.v2", "qwen-math-" + "x" * 38])
+def test_names_kuberay_would_refuse_are_refused_with_the_python_message(
+    crd: Any, dry_namespace: str, name: str
+) -> None:
+    proc = _apply(crd, dry_namespace, _manifest(name, BASE_SPEC), dry_run=True)
+    assert proc.returncode != 0, f"accepted: {name}"
+    assert "metadata.name" in proc.stderr, proc.stderr
+    for problem in name_problems(name):
+        assert problem in proc.stderr, proc.stderr
+
+
+def test_a_job_over_the_request_limit_is_refused_as_validate_refuses_it(crd: Any, dry_namespace: str) -> None:
+    env = [{"name": f"BIG_{i}", "value": "x" * 32768} for i in range(100)]
+    doc = _manifest("too-large", patched({"resources": {"env": env[:64], "head": {"env": env[64:]}}}))
+    assert size_problem(doc) is not None  # what `rljob-runtime validate` says
+    proc = _apply(crd, dry_namespace, doc, dry_run=True)
+    assert proc.returncode != 0, "accepted"
+    assert "too large" in proc.stderr.lower(), proc.stderr

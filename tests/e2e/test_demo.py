@@ -1,6 +1,9 @@
 """`make demo` exactly as a user runs it, on a control plane of its own: it starts the cluster,
 the operator and the CPU GRPO job, watches it learn to Succeeded; a second `make demo` meanwhile
-attaches instead of applying again; `make demo-down` removes everything."""
+attaches instead of applying again; `make demo-down` removes everything.
+
+This is also CI's learning proof (the only test that trains the demo config): the mean reward of its
+ten steps must rise by the criterion in tests/learning.py, so the test fails when learning breaks."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "rljob-demo-e2e"
 NAMESPACE = "rljob-demo"
 TTL = 5
-TIMEOUT_S = 1800
+# About 10 min alone on 2 cores (the e2e tier runs it first); three times longer on a loaded machine.
+TIMEOUT_S = 2700
 
 
 class Demo:
@@ -96,8 +100,13 @@ def wait(what: str, check: Any, timeout: float) -> Any:
 
 
 def step_column(output: str) -> list[int]:
-    """The STEP values of the live view's rows (`1:05   grpo-cpu-demo   Running   3/10   0.41 ...`)."""
-    return [int(m.group(1)) for m in re.finditer(r"grpo-cpu-demo\s+\w+\s+(\d+)/10\b", output)]
+    """The STEP values of the live view's rows (`1:05   grpo-cpu-demo   Running   Running   3/10   0.41 ...`).
+
+    PHASE, then REASON (empty while the job has no Ready condition), then STEP.
+    """
+    return [
+        int(m.group(1)) for m in re.finditer(r"grpo-cpu-demo(?:\s+[A-Za-z]\w*){1,2}\s+(\d+)/10\b", output)
+    ]
 
 
 def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
@@ -157,9 +166,14 @@ def test_make_demo_learns_to_succeeded_and_demo_down_removes_it() -> None:
         assert len(kept) == 2 and kept[-1] == run_dir and not any(run.exists() for run in stale[:2]), kept
         assert "earlier run(s)" in out, out
         rewards = [v for _, v in curve.read_scalars(run_dir / "checkpoints" / "tensorboard")["reward/mean"]]
+        assert len(rewards) == 10, rewards  # one per step of this run
         ok, why = learned(rewards)
         assert ok, why
         assert (run_dir / "reward.png").read_bytes()[:4] == b"\x89PNG"
+        # data.eval.beforeTraining: the eval line starts from the baseline, so it shows what training did
+        evals = curve.read_scalars(run_dir / "checkpoints" / "tensorboard")["eval/add-1digit/reward"]
+        assert [step for step, _ in evals] == [0, 5, 10], evals
+        assert "eval add-1digit" in out and "(before training) ->" in out, out
         assert str(run_dir.name) in out and "reward.png" in out and "tensorboard --logdir" in out
 
         # checkpoints and the Ray job's outcome

@@ -154,6 +154,13 @@ def test_the_restricted_standard_refuses_a_host_path_pod(
     assert "hostPath" in message or "restricted" in message
     assert crd.list("pods", namespace, "rljob.dev/job=hostpath") == []
 
+    def named() -> dict[str, Any] | None:  # the job's status names the field the refused volume came from
+        ready = condition(status(crd, namespace, "hostpath"), "Ready")
+        return ready if ready.get("reason") == "PodCreationRefused" else None
+
+    ready = wait_for("the job's PodCreationRefused reason", named, operator, timeout=60)
+    assert "It comes from spec.resources.volumes[0] (nvme) of this job" in ready["message"], ready
+
 
 def test_host_paths_outside_the_admins_prefixes_are_refused_before_anything_is_created(
     crd: Any, operator: OperatorProcess, namespace: str

@@ -210,6 +210,26 @@ def test_delete_cascades_to_every_child(crd: Any, operator: OperatorProcess, nam
     wait_children_deleted(crd, namespace, "doomed", cluster_name, operator)
 
 
+def test_a_rayjob_deleted_by_hand_is_recreated_with_a_warning(
+    crd: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    crd.apply(_in(namespace, job("orphaned")))
+    wait_for("Running", in_phase(crd, namespace, "orphaned", "Running"), operator)
+    first = crd.get("rayjob", "orphaned", namespace)["metadata"]["uid"]
+    crd.kubectl("delete", "rayjob", "orphaned", "-n", namespace, "--wait=false")
+
+    def recreated() -> dict[str, Any] | None:
+        events = crd.list("events", namespace)
+        return next((e for e in events if e["reason"] == "Recreated"), None)
+
+    # KubeRay stops the Ray job and removes the Ray cluster before the RayJob is gone.
+    event = wait_for("the Recreated event", recreated, operator, timeout=180)
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "orphaned"
+    assert event["message"].startswith("RayJob orphaned was deleted, not by this operator; recreated it")
+    assert crd.get("rayjob", "orphaned", namespace)["metadata"]["uid"] != first
+    assert "Recreated" in crd.kubectl("describe", "rljob", "orphaned", "-n", namespace).stdout
+
+
 def test_operator_restart_mid_flight_changes_nothing(
     crd: Any, operator: OperatorProcess, namespace: str
 ) -> None:

@@ -160,6 +160,8 @@ def test_an_image_pull_failure_shows_within_a_resync_and_stalls_after_the_timeou
     assert f"pod {worker['metadata']['name']} cannot pull image 'rayproject/ray:2.60.0'" in message
     (row,) = table(crd.kubectl("get", "rljobs", "-n", namespace, "-o", "wide").stdout)
     assert row["MESSAGE"] == message  # the -o wide column
+    (row,) = table(crd.kubectl("get", "rljobs", "-n", namespace).stdout)
+    assert (row["PHASE"], row["REASON"]) == ("Starting", "ImagePullBackOff")  # stuck, in the default columns
     assert any(e["reason"] == "ImagePullBackOff" for e in warning_events(crd, namespace, "pulling"))
 
     def stalled() -> dict[str, Any] | None:

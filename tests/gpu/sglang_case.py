@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from learning import demo_spec
 
-pytest.importorskip("sglang")  # the GPU kit (benchmarks/gpu/device) brings the pinned SGLang
+pytest.importorskip("sglang")  # the GPU kit (benchmarks/gpu/host) brings the pinned SGLang
 pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))

@@ -51,7 +51,7 @@ def make_spec(model_dir: Path, dynamic: bool) -> RLTrainingJobSpec:
             "training": {
                 "backend": "megatron",
                 "globalBatchSize": 16,
-                "microBatchSize": 2,
+                "microBatchSize": 1 if dynamic else 2,  # dynamic: the token budget sizes them
                 "dynamicBatch": {"enabled": dynamic, "maxTokensPerGpu": BUDGET},
                 "optimizer": {"lr": 1e-4, "clipGrad": 0.0},
             },

@@ -92,12 +92,52 @@ def test_disaggregated_async_loop_with_two_rollouts_ahead_resumes_with_both(
     # Step 1 trains on weights 0's rollout; step 2's was made while step 1 trained (before its push).
     staleness = [m["rollout/staleness_max"] for m in full.history]
     assert staleness[:2] == [0.0, 1.0] and max(staleness) <= 2.0
+    # How many rollouts are ahead at step 1's checkpoint is a race: when step 1's training ends before
+    # step 2's rollout is made, the checkpoint waits for it and step 3's never started (one saved,
+    # rightly). The case under test is two ahead: step 1 ends only once the producer holds both.
+    train_when_rollouts_ahead_are_full(monkeypatch)
     first = run(prepare(spec(tmp_path / "resumed")), RunOptions(stop_after=1))
     # The checkpoint holds the rollouts of steps 2 and 3, made while step 1 trained.
     state = store.read_driver_state(store.iteration_dir(tmp_path / "resumed", 1))
     assert [len(b["samples"]) for b in state["rollout_buffers"]] == [8, 8]
     rest = run(prepare(spec(tmp_path / "resumed")), RunOptions())
     assert first.batches + rest.batches == full.batches
+
+
+def train_when_rollouts_ahead_are_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each training step of the next run ends only once its async rollout producer holds bufferSize
+    rollouts (or has none left to make): what the rollouts ahead are at a checkpoint no longer depends
+    on how fast this machine generates and trains."""
+    import rljob_runtime.driver as driver
+    import rljob_runtime.rollouts_ahead as rollouts_ahead
+
+    producers: list[Any] = []
+
+    class Recorded(rollouts_ahead.RolloutsAhead):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            producers.append(self)
+
+        def wait_full(self, timeout: float) -> bool:
+            with self._cond:
+                return self._cond.wait_for(
+                    lambda: (
+                        len(self._ready) >= self.depth
+                        or self._error is not None
+                        or (self._left == 0 and not self._making)
+                    ),
+                    timeout,
+                )
+
+    train = driver._train
+
+    def train_then_wait(*args: Any, **kwargs: Any) -> Any:
+        metrics = train(*args, **kwargs)
+        assert producers[-1].wait_full(600), "the rollout producer did not fill its buffer in 600 s"
+        return metrics
+
+    monkeypatch.setattr(rollouts_ahead, "RolloutsAhead", Recorded)
+    monkeypatch.setattr(driver, "_train", train_then_wait)
 
 
 class OddPromptsSignal:

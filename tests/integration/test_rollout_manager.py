@@ -163,6 +163,8 @@ def test_a_two_engines_generate_a_batch(env: Env) -> None:
     assert manager.router.worker_urls() == manager.engine_urls() or sorted(
         manager.router.worker_urls()
     ) == sorted(manager.engine_urls())
+    # training.seed (the default, 42) reaches the engines: engine i samples from seed + i
+    assert [get(f"{u}/server_info")["seed"] for u in manager.engine_urls()] == [42, 43]
     before = [served(u) for u in manager.engine_urls()]
     samples = make_samples(16)
     out = manager.generate(samples)

@@ -125,7 +125,9 @@ def test_ppo_whitens_advantages_not_returns() -> None:
     "estimator", ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
 )
 def test_compute_advantages_dispatch(estimator: str) -> None:
-    spec = AlgorithmSpec(advantageEstimator=estimator, gamma=0.9, klCoef=0.1)
+    # gamma and klCoef are refused with the group estimators, which do not read them
+    shaped = {} if estimator in ("grpo", "gspo") else {"gamma": 0.9, "klCoef": 0.1}
+    spec = AlgorithmSpec(advantageEstimator=estimator, **shaped)
     rewards, mask = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([[1, 1, 0]] * 4)
     out = compute_advantages(spec, rewards, mask, 2, kl=torch.zeros(4, 3), values=torch.zeros(4, 3))
     assert out.advantages.shape == (4, 3) and (out.advantages[:, 2] == 0).all()

@@ -50,8 +50,12 @@ def test_names_scope_and_subresources() -> None:
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns)[:5] == ["Phase", "Step", "Reward", "GPUs", "Age"]
+    assert list(columns)[:6] == ["Phase", "Reason", "Step", "Reward", "GPUs", "Age"]
     assert columns["Step"] == ".status.progress.stepText"
+    # The default columns show a stuck job as stuck: the reason the operator writes on Ready.
+    assert columns["Reason"] == '.status.conditions[?(@.type=="Ready")].reason'
+    defaults = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0]
+    assert "Reason" in defaults
 
 
 def test_schema_is_structural() -> None:
@@ -83,6 +87,23 @@ def test_every_field_has_a_description() -> None:
         if path and not path.endswith(("[]", "{}")) and not node.get("description")
     ]
     assert undocumented == []
+
+
+def test_kubectl_explain_shows_every_numbers_bounds() -> None:
+    """kubectl explain prints the description only: the bounds must be written there too."""
+    missing = [
+        path
+        for path, node in _walk(_schema())
+        if "description" in node and not node["description"].endswith(crdgen.bounds_sentence(node))
+    ]
+    assert missing == []
+    batch = _schema()["properties"]["spec"]["properties"]["rollout"]["properties"]["batchSize"]
+    assert batch["description"].endswith("Minimum 1, maximum 1048576.")
+    assert crdgen.bounds_sentence(
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}
+    ) == ("Greater than 0, maximum 1.")
+    assert crdgen.bounds_sentence({"type": "number", "maximum": 0.5}) == "Maximum 0.5."
+    assert crdgen.bounds_sentence({"type": "string", "maxLength": 3}) == ""
 
 
 def test_every_string_list_and_map_is_bounded_for_cel_cost() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob_demo import curve, manifest, prereqs, runs
+from rljob_demo import curve, manifest, operator_proc, prereqs, runs
 from rljob_demo.watch import Snapshot, View, clock
 
 from rljob_api.resource import parse_document
@@ -96,8 +96,15 @@ def scalars() -> dict[str, curve.Series]:
 def test_summary_names_first_and_last_reward_and_each_eval() -> None:
     result = curve.summarize(scalars())
     assert result is not None
-    assert result.line() == "reward 0.30 (step 1) -> 0.90 (step 3); eval add-1digit 0.80 -> 0.80"
+    assert (
+        result.line()
+        == "reward 0.30 (step 1) -> 0.90 (step 3); eval add-1digit 0.80 (step 3) -> 0.80 (step 3)"
+    )
     assert curve.summarize({}) is None
+    with_baseline = {**scalars(), "eval/add-1digit/reward": [(0, 0.2), (3, 0.8)]}
+    result = curve.summarize(with_baseline)
+    assert result is not None
+    assert result.line().endswith("eval add-1digit 0.20 (before training) -> 0.80 (step 3)")
 
 
 def test_reward_curve_png(tmp_path: Path) -> None:
@@ -114,6 +121,26 @@ def test_read_scalars_from_real_tensorboard_files(tmp_path: Path) -> None:
         writer.add_scalar("reward/mean", value, step)
     writer.close()
     assert curve.read_scalars(tmp_path)["reward/mean"] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.25))]
+
+
+def test_the_baseline_evaluation_is_step_0_of_the_runtimes_tensorboard_logs(tmp_path: Path) -> None:
+    """ProgressReporter.baseline (data.eval.beforeTraining) as the demo's curve reads it."""
+    import io
+
+    from rljob_runtime.report import ProgressReporter
+
+    stream = io.StringIO()
+    reporter = ProgressReporter(2, job=None, tensorboard_dir=str(tmp_path), stream=stream)
+    reporter.baseline({"add-1digit": 0.25})
+    reporter.step(1, {"reward/mean": 0.5}, eval_rewards={"add-1digit": 0.75})
+    reporter.close()
+    assert "eval before training: add-1digit 0.2500" in stream.getvalue()
+    summary = curve.summarize(curve.read_scalars(tmp_path))
+    assert summary is not None
+    assert (
+        summary.line()
+        == "reward 0.50 (step 1) -> 0.50 (step 1); eval add-1digit 0.25 (before training) -> 0.75 (step 1)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,3 +236,23 @@ def test_the_local_object_store_holds_the_demo_weights(monkeypatch: pytest.Monke
     fp32_bytes = 4 * n_params
     assert 1.5 * fp32_bytes <= ray_local.OBJECT_STORE_BYTES
     assert 0.95 < float(ray_local.LOCAL_FS_CAPACITY_THRESHOLD) < 1
+
+
+def test_an_operator_is_reused_only_for_the_control_plane_it_was_started_for(tmp_path: Path) -> None:
+    """A control plane started again under the same name and port has a new CA: the demo's running
+    operator (which holds the old one and fails every request) must not be taken for its own."""
+    ca = tmp_path / "pki" / "ca.crt"
+    ca.parent.mkdir()
+    ca.write_text("first CA")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"clusters:\n- name: c\n  cluster:\n    certificate-authority: {ca}\n    server: https://127.0.0.1:32764\n"
+    )
+    first = operator_proc.cluster_fingerprint(kubeconfig)
+    assert operator_proc.cluster_fingerprint(kubeconfig) == first
+    ca.write_text("second CA")  # `devcluster down` then `up`: same kubeconfig text, new certificates
+    assert operator_proc.cluster_fingerprint(kubeconfig) != first
+    state = tmp_path / "operator.json"
+    state.write_text('{"pid": 1, "health_port": 2, "metrics_port": 3, "log": "l"}')  # an older state file
+    info = operator_proc.load(state)
+    assert info is not None and info.cluster == ""

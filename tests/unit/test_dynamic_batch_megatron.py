@@ -42,7 +42,7 @@ def make_spec(model: Path, *, dynamic: bool, tp: int = 1, pp: int = 1, gpus: int
             "training": {
                 "backend": "megatron",
                 "globalBatchSize": 8,
-                "microBatchSize": 2,
+                "microBatchSize": 1 if dynamic else 2,  # dynamic: the token budget sizes them
                 "parallelism": {"tensor": tp, "pipeline": pp},
                 "dynamicBatch": {"enabled": dynamic, "maxTokensPerGpu": BUDGET},
                 "optimizer": {"lr": 1e-3, "clipGrad": 0.0},

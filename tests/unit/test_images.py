@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 import tomllib
 from pathlib import Path
@@ -11,45 +10,23 @@ from pathlib import Path
 import locks
 import pytest
 import yaml
+from imagebuild import recipe
 
 from rljob_api import images
 from rljob_api.spec_resources import ResourcesSpec
 from rljob_operator.build import BuildSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = {name: ROOT / "images" / name / "Dockerfile" for name in ("operator", "runtime")}
+DOCKERFILES = {name: ROOT / "images" / name / "Dockerfile" for name in ("operator", "runtime-cpu", "runtime")}
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in dockerfile.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        keyword, _, args = (pending + line).partition(" ")
-        out.append((keyword.upper(), args.strip()))
-        pending = ""
-    return out
+    return recipe.instructions(dockerfile.read_text())
 
 
 def copied_sources(dockerfile: Path) -> list[str]:
-    """The build-context paths COPY/ADD read; copies from another stage (--from=) are not."""
-    sources: list[str] = []
-    for keyword, args in instructions(dockerfile):
-        if keyword not in ("COPY", "ADD"):
-            continue
-        words = json.loads(args) if args.startswith("[") else args.split()
-        if any(w.startswith("--from=") for w in words):
-            continue
-        paths = [w for w in words if not w.startswith("--")]
-        sources += paths[:-1]  # the last one is the destination
-    return sources
+    return recipe.copied_sources(dockerfile.read_text())
 
 
 def arg_default(dockerfile: Path, name: str) -> str:
@@ -141,10 +118,14 @@ def test_every_lock_entry_is_hashed(name: str) -> None:
     assert not unhashed, f"pip --require-hashes would refuse images/{name}/requirements.lock: {unhashed}"
 
 
-@pytest.mark.parametrize("name", sorted(DOCKERFILES))
-def test_images_use_the_locks_python(name: str) -> None:
-    text = DOCKERFILES[name].read_text()
-    assert f"python:{locks.PYTHON_VERSION}." in text or f"python{locks.PYTHON_VERSION} " in text
+def test_images_use_the_locks_python() -> None:
+    """The operator and CPU runtime install their locks on images/base (Debian trixie's python3);
+    the CUDA runtime on the vendor image's python3.12 (its lock's Python)."""
+    by_name = {lock.name: lock for lock in locks.LOCKS}
+    assert by_name["operator"].python == by_name["runtime-cpu"].python == locks.PYTHON_VERSION == "3.13"
+    for name in ("operator", "runtime-cpu"):
+        assert arg_default(DOCKERFILES[name], "BASE") == f"rljob/base:{images.VERSION}"
+    assert f"python{by_name['runtime'].python} " in DOCKERFILES["runtime"].read_text()
 
 
 def test_runtime_requirements_pin_the_operators_ray() -> None:
@@ -177,3 +158,14 @@ def test_lock_body_ignores_the_header() -> None:
     b = "# another command\nkopf==1.0 \\\n    --hash=sha256:00\n    # via x\n"
     assert locks.body(a) == locks.body(b)
     assert locks.pins(locks.body(a)) == ["kopf==1.0"]
+
+
+def test_runtime_cpu_lock_holds_the_cpu_runtime_only() -> None:
+    pins = lock_pins("runtime-cpu")
+    for needed in ("torch", "transformers", "sglang-router", "accelerate", "gguf", "aiohttp", "kubernetes"):
+        assert needed in pins, needed
+    assert pins["ray"] == BuildSettings().ray_version, "pods must run the Ray the operator's RayJobs name"
+    # Not the GPU image's torch 2.11 (pinned there for SGLang 0.5.16): the CPU path resolves freely.
+    assert tuple(int(x) for x in pins["torch"].split(".")[:2]) >= (2, 11)
+    for gpu_only in ("sglang", "megatron-core", "flashinfer-python"):
+        assert gpu_only not in pins, gpu_only

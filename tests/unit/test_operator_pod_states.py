@@ -162,3 +162,35 @@ def test_overdue_counts_from_since() -> None:
     assert not stuck.overdue(T0 + timedelta(seconds=599), 600)
     assert stuck.overdue(T0 + timedelta(seconds=600), 600)
     assert not Stuck("Unschedulable", "m", None).overdue(T0 + timedelta(days=1), 600)
+
+
+def test_a_refused_volume_is_named_by_the_job_field_it_comes_from() -> None:
+    from rljob_api.resource import parse_spec
+    from rljob_operator.pod_fields import volume_fields
+
+    from spec_cases import BASE_SPEC, patched
+
+    volumes = [
+        {"name": "data", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}},
+        {"name": "nvme", "mountPath": "/nvme", "hostPath": {"path": "/mnt/nvme"}},
+    ]
+    fields = volume_fields(parse_spec(patched({"resources": {"volumes": volumes}}, BASE_SPEC)))
+    # The API server's words (PodSecurity, restricted), as KubeRay copies them into the RayJob.
+    policy = (
+        'FailedCreateHeadPod\npods "job-a-raycluster-x-head-y" is forbidden: violates PodSecurity '
+        '"restricted:latest": restricted volume types (volume "nvme" uses restricted volume type '
+        '"hostPath"), hostPath volumes (volume "nvme")'
+    )
+    stuck = classify([], rayjob_with_replica_failure("FailedCreateHeadPod", policy), "ml", fields)
+    assert stuck is not None and stuck.reason == "PodCreationRefused"
+    assert stuck.message.endswith(
+        "It comes from spec.resources.volumes[1] (nvme) of this job: change it, or ask an administrator "
+        "to allow it in this namespace."
+    )
+    two = policy.replace('(volume "nvme")', '(volumes "nvme", "checkpoints")')
+    stuck = classify([], rayjob_with_replica_failure("FailedCreateHeadPod", two), "ml", fields)
+    assert stuck is not None and "spec.resources.volumes[1] (nvme) and spec.checkpoint.path" in stuck.message
+    # A refusal that names no volume of the job keeps the general advice.
+    other = 'FailedCreateHeadPod\npods "h" is forbidden: violates PodSecurity "restricted:latest"'
+    stuck = classify([], rayjob_with_replica_failure("FailedCreateHeadPod", other), "ml", fields)
+    assert stuck is not None and stuck.message.endswith("(the job's resources, or the namespace's policy).")

@@ -71,3 +71,45 @@ def test_a_job_larger_than_the_hard_limit_is_refused_and_does_not_hold_up_the_qu
     assert "does not hold up the jobs behind it" in huge.message
     assert decide("small", jobs, quota, GPU).admitted  # not behind `huge` in the FIFO
     assert not decide("small", jobs, quota, GPU).impossible
+
+
+def test_the_counting_reads_quotas_pods_and_jobs_as_the_api_server_reports_them() -> None:
+    from operator_fixtures import NOW, job_from_spec
+
+    from rljob_operator.names import LABEL_COMPONENT, LABEL_JOB
+    from rljob_operator.quota import charged_gpus, demands, quotas_of
+
+    quotas = [
+        {"metadata": {"name": "gpus"}, "status": {"hard": {"requests.nvidia.com/gpu": "16"}, "used": {}}},
+        {"metadata": {"name": "cpu-only"}, "status": {"hard": {"requests.cpu": "64"}}},
+        {"metadata": {"name": "new"}},  # the quota controller has not counted it yet
+    ]
+    assert quotas_of(quotas, GPU) == [Quota("gpus", 16, 0)]
+
+    def pod(job: str, gpus: str, phase: str = "Running") -> dict[str, object]:
+        resources = {"requests": {GPU: gpus}}
+        return {
+            "metadata": {"labels": {LABEL_JOB: job}},
+            "spec": {"containers": [{"resources": resources}, {"resources": {}}]},
+            "status": {"phase": phase},
+        }
+
+    pods = [pod("a", "8"), pod("a", "8"), pod("b", "4"), pod("b", "4", phase="Succeeded")]
+    assert charged_gpus(pods, GPU) == {"a": 16, "b": 4}
+
+    def rayjob(job: str, component: str = "rayjob", suspend: bool = False) -> dict[str, object]:
+        labels = {LABEL_JOB: job, LABEL_COMPONENT: component}
+        return {"metadata": {"labels": labels}, "spec": {"suspend": suspend}}
+
+    running = job_from_spec(name="a")
+    converting = job_from_spec(name="b")  # only its conversion RayJob exists: not admitted
+    done = job_from_spec(name="c", status={"phase": "Succeeded"})
+    kueue = job_from_spec({"queueName": "team"}, name="d")
+    me = job_from_spec(name="e")
+    rayjobs = [rayjob("a"), rayjob("b", component="conversion"), rayjob("c")]
+    got = demands(me, [running, converting, done, kueue], rayjobs, {"a": 16}, NOW)
+    assert [(d.name, d.admitted, d.charged_gpus) for d in got] == [
+        ("a", True, 16),
+        ("b", False, 0),
+        ("e", False, 0),
+    ]

@@ -284,3 +284,16 @@ def test_the_rayjob_leaves_retries_to_the_operator_and_a_restart_keeps_the_deadl
     late = {**status, "restartHistory": [{**status["restartHistory"][0], "time": "2026-11-22T12:00:00Z"}]}
     overdue = job_from_spec({"activeDeadlineSeconds": 3600}, status=late)
     assert build_rayjob(overdue, BuildSettings(), suspend=False)["spec"]["activeDeadlineSeconds"] == 1
+
+
+def test_a_rayjob_is_recreated_only_where_one_existed_and_no_restart_replaces_it() -> None:
+    from rljob_operator.restarts import RESTARTING, recreating
+
+    def status(children: dict[str, str], reason: str) -> dict[str, object]:
+        return {"children": children, "conditions": [{"type": "Ready", "status": "False", "reason": reason}]}
+
+    assert not recreating({})  # a new job
+    assert not recreating(status({"serviceAccount": "a-runtime"}, "Creating"))  # none made yet
+    assert not recreating(status({"rayJob": "a"}, RESTARTING))  # the operator's own restart
+    assert recreating(status({"rayJob": "a"}, "Starting"))
+    assert recreating(status({"rayJob": "a", "rayCluster": "a-x"}, "Running"))

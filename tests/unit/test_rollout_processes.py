@@ -13,7 +13,7 @@ from sglang_router.launch_router import parse_router_args
 
 from rljob_runtime.net import free_port
 from rljob_runtime.rollout import procs, protocol
-from rljob_runtime.rollout.engine_actor import COLOCATED_FRACTION, actor_options, engine_command
+from rljob_runtime.rollout.engine_actor import COLOCATED_FRACTION, actor_options, engine_command, engine_seed
 from rljob_runtime.rollout.hf_server import build_parser
 from rljob_runtime.rollout.router import router_command
 
@@ -27,6 +27,31 @@ def test_hf_engine_command_parses_with_the_hf_server_parser() -> None:
     assert (args.model_path, args.host, args.port, args.seed, args.threads) == ("/m", "10.0.0.1", 31000, 3, 1)
     assert (args.dtype, args.device) == ("float32", "cpu")
     assert args.max_batch_size == 64  # the server's default
+
+
+def test_hf_engine_command_carries_the_tokenizer_and_trust_remote_code() -> None:
+    plain = build_parser().parse_args(engine_command("hf", model_path="/m", host="h", port=1)[3:])
+    assert (plain.tokenizer_path, plain.trust_remote_code) == (None, False)
+    cmd = engine_command("hf", model_path="/m", host="h", port=1, tokenizer_path="/t", trust_remote_code=True)
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.tokenizer_path, args.trust_remote_code) == ("/t", True)
+
+
+def test_sglang_engine_command_carries_the_tokenizer_and_trust_remote_code() -> None:
+    plain = engine_command("sglang", model_path="/m", host="h", port=1)
+    assert "--tokenizer-path" not in plain and "--trust-remote-code" not in plain
+    cmd = engine_command(
+        "sglang", model_path="/m", host="h", port=1, tokenizer_path="/t", trust_remote_code=True
+    )
+    assert cmd[cmd.index("--tokenizer-path") + 1] == "/t"
+    assert cmd[cmd.index("--trust-remote-code") + 1].startswith("--"), "a bare flag"
+
+
+def test_engines_are_seeded_from_training_seed_by_index_and_launch() -> None:
+    seeds = [engine_seed(42, index) for index in range(3)]
+    assert seeds == [42, 43, 44]
+    assert engine_seed(42, 0, launch=2) == 1042  # a relaunch does not repeat the first launch's samples
+    assert engine_seed(2**31 - 1, 1) == 0  # within SGLang's and torch's seed range
 
 
 def test_hf_engine_takes_sglangs_max_running_requests_as_its_batch_size() -> None:

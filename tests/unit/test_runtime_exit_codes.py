@@ -1,6 +1,7 @@
 """`rljob-runtime train` says by its exit status whether a restart can help: EXIT_NOT_RETRIABLE (78)
-for an invalid config or a job `prepare` refuses, 1 for any other failure (once it runs, every
-failure); the one-line reason is the last line either way (the operator shows it)."""
+for an invalid config, a job `prepare` refuses, or a configuration error met once it runs (in a Ray
+actor or as the cause of another error too), 1 for any other failure; the one-line reason is the last
+line either way (the operator shows it)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rljob_api.errors import SpecError
 from rljob_api.resource import API_VERSION, KIND
 from rljob_api.status import EXIT_NOT_RETRIABLE
 from rljob_runtime import cli, driver
 from rljob_runtime.data.prompts import DataError
 from rljob_runtime.hub_rules import HubError
 from rljob_runtime.models import ModelNotFoundError
+from rljob_runtime.trainer.megatron.arch import UnsupportedModelError
 
 from spec_cases import patched
 
@@ -108,3 +111,66 @@ def test_once_running_every_failure_is_retriable(
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (1, f"rljob-runtime: failed: {error}")
+
+
+class _RayTaskError(RuntimeError):
+    """What Ray raises in the driver for an error in a task or actor: the original as `cause`."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"ray::TrainerRank.build() failed: {cause}")
+        self.cause = cause
+
+
+def _caused(error: Exception, cause: Exception) -> Exception:
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SpecError(["spec.training.globalBatchSize: must be a multiple of ..."]),
+        DataError("prompt data /d.jsonl line 901: not JSON"),
+        UnsupportedModelError(
+            "model.path: architecture MixtralForCausalLM is not built by the megatron backend"
+        ),
+        ModelNotFoundError("model.path /m: no config.json on this node"),
+        _RayTaskError(UnsupportedModelError("rope_type yarn is not built")),
+        _caused(driver.RunError("training.backend megatron: the model cannot be built"), DataError("x")),
+    ],
+    ids=["spec", "data", "unsupported-model", "local-model", "in-a-ray-actor", "as-the-cause"],
+)
+def test_a_configuration_error_is_final_even_once_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    class Prepared:
+        dropped_prompts = 0
+
+    def run(prepared: object, options: object) -> object:
+        raise error
+
+    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "run", run)
+    code, last = _train(_config(tmp_path, patched(CPU)), capsys)
+    assert (code, last) == (EXIT_NOT_RETRIABLE, f"rljob-runtime: failed: {' '.join(str(error).split())}")
+
+
+def test_a_hub_download_failing_once_running_is_retried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Prepared:
+        dropped_prompts = 0
+
+    def run(prepared: object, options: object) -> object:
+        raise HubError("model.path org/m@main: cannot reach the hub")
+
+    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "run", run)
+    assert _train(_config(tmp_path, patched(CPU)), capsys)[0] == 1
+
+
+def test_a_config_that_cannot_be_read_is_final(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_bytes(b"\xff\xfe not text")
+    code, last = _train(str(config), capsys)
+    assert code == EXIT_NOT_RETRIABLE and last.startswith("rljob-runtime: invalid config: ")

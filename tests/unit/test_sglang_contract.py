@@ -172,6 +172,8 @@ def test_builders_send_only_declared_fields() -> None:
                 assert set(body["sampling_params"]) <= protocol.SAMPLING_PARAM_FIELDS
     args = protocol.sglang_launch_args(
         model_path="/m",
+        tokenizer_path="/t",
+        trust_remote_code=True,
         host="127.0.0.1",
         port=30000,
         tp_size=2,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rljob_api.errors import SpecError
-from rljob_api.resource import check_update, parse_spec
+from rljob_api.resource import check_update, name_problems, parse_spec
 
 from spec_cases import BASE_SPEC, IMMUTABLE_CASES, MUTABLE_PATCHES, RULE_CASES, SCHEMA_CASES, Case, patched
 
@@ -88,7 +88,14 @@ def test_round_trip_through_yaml_document_is_stable() -> None:
 
 
 def test_case_names_make_valid_job_names() -> None:
-    """The e2e tests create each case as a job named after it ("bad-"/"ok-" + name): KubeRay's 47-character
-    limit on job names applies to them (a longer name fails there, not here)."""
-    too_long = [c.name for c in [*RULE_CASES, *SCHEMA_CASES] if len("bad-" + c.name) > 47]
-    assert not too_long
+    """The e2e tests create each case as a job named after it ("bad-"/"ok-" + name): the CRD's name rules
+    (KubeRay's 47 characters, a DNS-1035 label) apply to them."""
+    refused = [
+        c.name
+        for c in [*RULE_CASES, *SCHEMA_CASES]
+        for prefix in ("bad-", "ok-")
+        if name_problems(prefix + c.name)
+    ]
+    assert not refused
+    names = [c.name for c in RULE_CASES + SCHEMA_CASES]
+    assert len(names) == len(set(names))

@@ -6,6 +6,7 @@ Binaries are cached by version under ``${RLJOB_CACHE:-~/.cache/rljob}/bin/<name>
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -29,6 +30,9 @@ KUEUE_GOMOD_DIR = HERE / "gomod-kueue"
 # KubeRay that builds from the proxy.
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# Cluster DNS of the real node (up --real-node): the newest CoreDNS the module proxy serves.
+COREDNS_VERSION = "v1.14.7"
+PAUSE_DIR = HERE / "pause"
 
 
 def gomod_versions() -> dict[str, str]:
@@ -67,11 +71,10 @@ class Binary:
         return self.dir / self.name
 
 
-def binaries() -> list[Binary]:
-    v = gomod_versions()
-    kube = v["kubernetes"]
+def kube_ldflags(kube: str) -> str:
+    """The version stamps Kubernetes' own release builds set (kubectl version, /version)."""
     major, minor = kube.lstrip("v").split(".")[:2]
-    kube_ld = " ".join(
+    return " ".join(
         [
             "-s -w",
             f"-X k8s.io/component-base/version.gitVersion={kube}",
@@ -83,6 +86,12 @@ def binaries() -> list[Binary]:
             f"-X k8s.io/client-go/pkg/version.gitMinor={minor}",
         ]
     )
+
+
+def binaries() -> list[Binary]:
+    v = gomod_versions()
+    kube = v["kubernetes"]
+    kube_ld = kube_ldflags(kube)
     bins = [
         Binary(c, kube, f"k8s.io/kubernetes/cmd/{c}", False, kube_ld)
         for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -115,6 +124,24 @@ def bin_by_name() -> dict[str, Binary]:
 
 def kuberay_crd_dir() -> Path:
     return bin_by_name()["ray-operator"].dir / "crds"
+
+
+def real_node_binaries() -> list[Binary]:
+    """What `up --real-node` runs besides the control plane: the kubelet and kube-proxy from the same
+    module set as the API server, CoreDNS, and the pod sandbox's pause (tools/devcluster/pause)."""
+    kube = gomod_versions()["kubernetes"]
+    pause_hash = hashlib.sha256((PAUSE_DIR / "main.go").read_bytes()).hexdigest()[:12]
+    return [
+        Binary(c, kube, f"k8s.io/kubernetes/cmd/{c}", False, kube_ldflags(kube))
+        for c in ("kubelet", "kube-proxy")
+    ] + [
+        Binary("coredns", COREDNS_VERSION, f"github.com/coredns/coredns@{COREDNS_VERSION}", True),
+        Binary("pause", pause_hash, ".", False, gomod=PAUSE_DIR),
+    ]
+
+
+def ensure_real_node_built() -> dict[str, Path]:
+    return {b.name: ensure_one(b) for b in real_node_binaries()}
 
 
 def kueue_binary() -> Binary:

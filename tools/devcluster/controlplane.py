@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from build import KWOK_VERSION, gomod_versions, kuberay_crd_dir
 from common import LOOPBACK, HarnessError, log
-from procs import wait_for
+from procs import machine_lock, port_bound, wait_for
 from state import Ctx, save_state
+from teardown import delete_control_plane
+
+# kwokctl checks a port is free by binding it, then starts the server on it: another program binding it
+# in between makes a component fail with this; `create` is then tried again (kwokctl skips ports in use).
+ADDRESS_IN_USE = "address already in use"
+CREATE_ATTEMPTS = 3
 
 
-def kwokctl_config(ctx: Ctx, kube_version: str) -> Path:
+def kwokctl_config(ctx: Ctx, kube_version: str, real_node: bool = False) -> Path:
     conf = {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
@@ -41,14 +49,35 @@ def kwokctl_config(ctx: Ctx, kube_version: str) -> Path:
             }
         ],
     }
+    if real_node:
+        real_node_patches(ctx, conf)
     path = ctx.dir / "kwokctl.yaml"
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
     return path
 
 
+def real_node_patches(ctx: Ctx, conf: dict[str, Any]) -> None:
+    """A cluster with a real node: the API server reachable from pods and dialling kubelets with a
+    client certificate, and kwok leaving alone every node it did not create (realnode.py)."""
+    from realnode_config import KUBERNETES_SERVICE_IP, NODE_IP, apiserver_args
+
+    pki = ctx.kwok_cluster_dir / "pki"
+    conf["options"]["kubeApiserverCertSANs"] = [NODE_IP, KUBERNETES_SERVICE_IP]
+    conf["componentsPatches"][0]["extraArgs"] += apiserver_args(pki / "admin.crt", pki / "admin.key")
+    conf["componentsPatches"].append(
+        {
+            "name": "kwok-controller",
+            "extraArgs": [
+                {"key": "manage-all-nodes", "value": "false"},
+                {"key": "manage-nodes-with-annotation-selector", "value": "kwok.x-k8s.io/node=fake"},
+            ],
+        }
+    )
+
+
 def start_control_plane(ctx: Ctx, state: dict[str, Any]) -> None:
     kube_version = gomod_versions()["kubernetes"]
-    conf = kwokctl_config(ctx, kube_version)
+    conf = kwokctl_config(ctx, kube_version, real_node=bool(state.get("real_node_requested")))
     logfile = ctx.logs / "kwokctl-create.log"
     cmd = [
         str(ctx.bins["kwokctl"]),
@@ -65,21 +94,28 @@ def start_control_plane(ctx: Ctx, state: dict[str, Any]) -> None:
     )
     state["kwok"] = {"workdir": str(ctx.kwok_workdir), "logs": str(ctx.kwok_cluster_dir / "logs")}
     save_state(ctx, state)
-    with logfile.open("w") as out:
-        out.write("$ " + " ".join(cmd) + "\n")
-        out.flush()
-        try:
-            proc = subprocess.run(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=ctx.env(), timeout=420, cwd=ctx.dir
+    logfile.write_text("")
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        # kwokctl picks its ports itself, by the same rule in every process: two creates at once (two
+        # clusters starting together) would choose the same ones. One at a time on this machine, until its
+        # servers listen, and never beside another devcluster command choosing ports.
+        with machine_lock():
+            returncode, clash = _kwokctl_create(cmd, logfile, ctx)
+            if returncode == 0 and clash is None:
+                _wait_listening(ctx)
+        if returncode == 0 and clash is None:
+            break
+        if clash is None or attempt == CREATE_ATTEMPTS:
+            raise HarnessError(
+                "kwokctl create cluster",
+                f"exited {returncode}; component logs: {ctx.kwok_cluster_dir / 'logs'}"
+                + (f"; {clash}" if clash else ""),
+                logfile,
             )
-        except subprocess.TimeoutExpired as exc:
-            raise HarnessError("kwokctl create cluster", "timed out after 420 s", logfile) from exc
-    if proc.returncode != 0:
-        raise HarnessError(
-            "kwokctl create cluster",
-            f"exited {proc.returncode}; component logs: {ctx.kwok_cluster_dir / 'logs'}",
-            logfile,
-        )
+        log(f"{clash}: deleting the control plane and creating it again ({attempt + 1}/{CREATE_ATTEMPTS})")
+        with logfile.open("a") as out:
+            out.write(f"\n# attempt {attempt}: {clash}; deleted and created again\n")
+        delete_control_plane(ctx)
     kc = yaml.safe_load(ctx.kubeconfig.read_text())
     server = kc["clusters"][0]["cluster"]["server"]
     state["apiserver"] = server
@@ -91,6 +127,59 @@ def start_control_plane(ctx: Ctx, state: dict[str, Any]) -> None:
         ctx.kwok_cluster_dir / "logs" / "kube-apiserver.log",
     )
     log(f"kube-apiserver {kube_version} ready at {server}")
+
+
+def _kwokctl_create(cmd: list[str], logfile: Path, ctx: Ctx) -> tuple[int, str | None]:
+    """Runs `kwokctl create cluster`: its exit code, and the line of a component that could not bind
+    its port. That is noticed as it happens: kwokctl itself waits 5 minutes for the API server and
+    then exits 0 anyway."""
+    logs = ctx.kwok_cluster_dir / "logs"
+    with logfile.open("a") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ctx.env(), cwd=ctx.dir)
+        try:
+            deadline = time.monotonic() + 420
+            while proc.poll() is None:
+                clash = port_clash(logs)
+                if clash is not None:
+                    proc.kill()
+                    proc.wait()
+                    return proc.returncode, clash
+                if time.monotonic() > deadline:
+                    raise HarnessError("kwokctl create cluster", "timed out after 420 s", logfile)
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc.returncode, port_clash(logs)
+
+
+def _wait_listening(ctx: Ctx, timeout: float = 30) -> None:
+    """Until every port kwokctl chose (its kwok.yaml) is bound, so the next cluster's kwokctl skips it.
+    `--wait` covers the API server; the controllers may bind theirs a moment later."""
+    ports: list[int] = []
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        for doc in yaml.safe_load_all((ctx.kwok_cluster_dir / "kwok.yaml").read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "KwokctlConfiguration":
+                opts = doc.get("options") or {}
+                ports = [v for k, v in opts.items() if k.endswith("Port") and type(v) is int and v > 0]
+    deadline = time.monotonic() + timeout
+    while (idle := [p for p in ports if not port_bound(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if idle:
+        log(f"kwokctl's ports {idle} are not listening {timeout:.0f} s after the control plane started")
+
+
+def port_clash(logs: Path) -> str | None:
+    """'<component log>: <line>' for the first line saying a port was taken, in the control plane's logs."""
+    for f in sorted(logs.glob("*.log")):
+        with contextlib.suppress(OSError):
+            for line in f.read_text(errors="replace").splitlines():
+                if ADDRESS_IN_USE in line.lower():
+                    return f"{f.name}: {line.strip()[-200:]}"
+    return None
 
 
 # Realistic shapes: a3-highgpu-8g (8x H100 80GB), g2-standard-48 (4x L4), n2-standard-32.
@@ -138,9 +227,12 @@ NODE_POOLS: list[dict[str, Any]] = [
 ]
 
 
-def node_manifests() -> list[dict[str, Any]]:
+def node_manifests(gpu_pools_only: bool = False) -> list[dict[str, Any]]:
+    """The kwok nodes; beside a real node only the GPU pools (CPU pods go to the real node)."""
     nodes = []
     for pool in NODE_POOLS:
+        if gpu_pools_only and not pool["gpus"]:
+            continue
         for i in range(pool["count"]):
             name = f"{pool['prefix']}-{i}"
             capacity = {
@@ -192,8 +284,8 @@ def node_manifests() -> list[dict[str, Any]]:
     return nodes
 
 
-def create_nodes(ctx: Ctx) -> list[str]:
-    nodes = node_manifests()
+def create_nodes(ctx: Ctx, gpu_pools_only: bool = False) -> list[str]:
+    nodes = node_manifests(gpu_pools_only)
     doc = yaml.safe_dump_all(nodes, sort_keys=False)
     ctx.kubectl("apply", "-f", "-", input=doc)
     names = [n["metadata"]["name"] for n in nodes]

@@ -33,6 +33,7 @@ from kuberay import start_operator
 from kueue import start_kueue, stop_kueue
 from procs import file_lock
 from ray_local import start_proxy, start_ray
+from realnode import install_packages, load_images, preflight, start_real_node
 from state import Ctx, health, load_state, make_ctx, save_state
 from teardown import teardown
 
@@ -52,8 +53,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(exc.report(), file=sys.stderr)
         return 1
     ctx = make_ctx(args.name, bins)
+    if args.real_node and args.install_deps:
+        install_packages()
+    missing = preflight() if args.real_node else []
+    if missing:
+        print(f"devcluster: cannot start a real node: the host lacks {'; '.join(missing)}", file=sys.stderr)
+        return 1
     with file_lock(ctx.dir.parent / f".{ctx.name}.lock"):
         state = load_state(ctx)
+        if state is not None and bool(state.get("real_node_requested")) != args.real_node:
+            if not args.recreate:
+                have = "with" if state.get("real_node_requested") else "without"
+                print(
+                    f"devcluster: cluster {ctx.name} runs {have} a real node; `down` it first or pass --recreate",
+                    file=sys.stderr,
+                )
+                return 1
+            log(f"cluster {ctx.name}: recreating it {'with' if args.real_node else 'without'} a real node")
+            teardown(ctx, state)
+            state = None
         if state is not None:
             h = health(ctx, state)
             if all(v == "ok" for v in h.values()):
@@ -88,11 +106,14 @@ def cmd_up(args: argparse.Namespace) -> int:
             "versions": {b.name: b.version for b in binaries()},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "creator_pid": os.getpid(),
+            "real_node_requested": args.real_node,
         }
         save_state(ctx, state)
         try:
             start_control_plane(ctx, state)
-            state["nodes"] = create_nodes(ctx)
+            state["nodes"] = create_nodes(ctx, gpu_pools_only=args.real_node)
+            if args.real_node:
+                start_real_node(ctx, state)
             install_kuberay_crds(ctx)
             start_ray(ctx, state, args.ray_cpus)
             start_proxy(ctx, state)
@@ -144,6 +165,18 @@ def cmd_kueue(args: argparse.Namespace) -> int:
         else:
             start_kueue(ctx, state)
             save_state(ctx, state)
+    return 0
+
+
+def cmd_load_images(args: argparse.Namespace) -> int:
+    """Imports OCI archives (make images) into the real node's containerd."""
+    ctx = make_ctx(args.name)
+    state = load_state(ctx)
+    if state is None or not state.get("real_node"):
+        print(f"devcluster: cluster {ctx.name} has no real node: `up --real-node` first", file=sys.stderr)
+        return 1
+    for ref in load_images(ctx, state, [Path(a) for a in args.archives]):
+        log(f"loaded {ref} into the real node")
     return 0
 
 
@@ -210,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         ("status", cmd_status, "health of each component; exit 0 when all are healthy"),
         ("env", cmd_env, 'print export lines for a shell: eval "$(devcluster.py env)"'),
         ("kueue", cmd_kueue, "start Kueue on the running cluster (builds it on first use); --stop stops it"),
+        ("load-images", cmd_load_images, "import OCI archives (make images) into the real node's containerd"),
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--name", default=os.environ.get("RLJOB_CLUSTER", DEFAULT_CLUSTER))
@@ -218,10 +252,22 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--recreate", action="store_true", help="tear down an unhealthy cluster first")
             p.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray head")
             p.add_argument("--kueue", action="store_true", help="also run Kueue (kueue.py; off by default)")
+            p.add_argument(
+                "--real-node",
+                action="store_true",
+                help="add a real node (kubelet, containerd, kube-proxy, CoreDNS; realnode.py); root only",
+            )
+            p.add_argument(
+                "--install-deps",
+                action="store_true",
+                help="with --real-node: apt-get install the Debian packages it needs when missing",
+            )
         if name == "kueue":
             p.add_argument("--stop", action="store_true", help="stop Kueue and remove its webhooks")
         if name == "status":
             p.add_argument("--json", action="store_true")
+        if name == "load-images":
+            p.add_argument("archives", nargs="+", metavar="ARCHIVE", help="an OCI archive (oci-archive tar)")
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

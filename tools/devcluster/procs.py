@@ -16,43 +16,127 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import LOOPBACK, HarnessError, log
+from common import LOOPBACK, HarnessError, cache_root, log
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
+def file_lock(
+    path: Path, poll: float = 1.0, say_after: float = 0.0, holder: str = "another devcluster command"
+) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"waiting for the lock {path} (another devcluster command is running)")
-            deadline = time.monotonic() + 1800
+            t0 = time.monotonic()
+            said = False
             while True:
+                waited = time.monotonic() - t0
+                if not said and waited >= say_after:
+                    log(f"waiting for the lock {path} ({holder} is running)")
+                    said = True
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
+                    if waited > 1800:
                         raise HarnessError("lock", f"{path} held for more than 30 minutes") from None
-                    time.sleep(1)
+                    time.sleep(poll)
+            if said:
+                log(f"got the lock {path} after {time.monotonic() - t0:.1f} s")
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def free_port() -> int:
+# Ports: a port found free is closed again before the server that gets it binds it, so two clusters
+# starting at once (the `make demo` e2e test beside the shared cluster) could be handed the same one.
+# Every choice of ports is made under one lock for all clusters of this cache (machine_lock), and the
+# ports handed out are written down (PORTS_FILE) and not handed out again for PORT_HOLD_S, long after
+# their server has bound them. kwokctl picks its own ports (counting down from 32767, checking each by
+# binding it): `kwokctl create cluster` runs under the same lock, until its servers are up.
+MACHINE_LOCK = "devcluster.lock"
+PORTS_FILE = "devcluster-ports.json"
+PORT_HOLD_S = 600.0
+_machine_lock_depth = 0
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """The lock for port choices and control plane starts, shared by every cluster of this cache.
+    Re-entrant within a process (flock would block on a second open of the same file)."""
+    global _machine_lock_depth
+    if _machine_lock_depth:
+        _machine_lock_depth += 1
+        try:
+            yield
+        finally:
+            _machine_lock_depth -= 1
+        return
+    with file_lock(
+        cache_root() / MACHINE_LOCK,
+        poll=0.1,
+        say_after=2.0,
+        holder="another cluster choosing ports or starting",
+    ):
+        _machine_lock_depth = 1
+        try:
+            yield
+        finally:
+            _machine_lock_depth = 0
+
+
+def _ports_handed_out(now: float) -> dict[int, float]:
+    """Port -> until when it stays reserved (call under machine_lock); expired entries dropped."""
+    try:
+        raw = json.loads((cache_root() / PORTS_FILE).read_text())
+        return {int(p): float(t) for p, t in raw.items() if float(t) > now}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _kernel_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 
 
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
 def free_ports(n: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < n:
-        ports.add(free_port())
+    """``n`` distinct ports free now and not handed out by another devcluster command in the last
+    PORT_HOLD_S seconds (on any cluster of this cache); recorded as handed out."""
+    with machine_lock():
+        now = time.time()
+        taken = _ports_handed_out(now)
+        ports: set[int] = set()
+        tries = 0
+        while len(ports) < n:
+            tries += 1
+            if tries > 100 * (n + 1):
+                raise HarnessError("ports", f"no {n} free ports outside the {len(taken)} handed out lately")
+            port = _kernel_free_port()
+            if port not in taken:
+                ports.add(port)
+        taken.update((p, now + PORT_HOLD_S) for p in ports)
+        path = cache_root() / PORTS_FILE
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({str(p): t for p, t in sorted(taken.items())}) + "\n")
+        tmp.replace(path)
     return sorted(ports)
+
+
+def port_bound(port: int, host: str = LOOPBACK) -> bool:
+    """Whether something listens on ``host:port`` (it cannot be bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -47,6 +47,10 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
     # (any local ray.init creates it); KubeRay's dashboard client sends no token, so keep it off here.
     env["RAY_AUTH_MODE"] = "disabled"
     env["RAY_local_fs_capacity_threshold"] = LOCAL_FS_CAPACITY_THRESHOLD
+    # Ray starts its workers at nice 15 by default, below the control plane's processes: the training
+    # (engines, trainer ranks) then waits behind the API server and the operators. Here the workers keep
+    # the head's priority.
+    env["RAY_worker_niceness"] = "0"
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(ray),

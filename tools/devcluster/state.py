@@ -117,6 +117,10 @@ def health(ctx: Ctx, state: dict[str, Any] | None) -> dict[str, str]:
     px = state.get("proxy")
     probe = f"http://h-head-svc.default.svc.cluster.local:{RAY_DASHBOARD_PORT_IN_CLUSTER}/api/version"
     out["dashboard proxy"] = "ok" if px and http_get(probe, proxy=px["url"])[0] == 200 else "not answering"
+    node = state.get("real_node")
+    if node:
+        healthz = f"http://127.0.0.1:{node.get('kubelet_healthz')}/healthz"
+        out["real node"] = "ok" if http_get(healthz)[0] == 200 else "kubelet not answering"
     op = state.get("operator")
     out["ray-operator"] = "ok" if op and http_get(op["health"] + "/readyz")[0] == 200 else "not answering"
     return out

@@ -19,6 +19,10 @@ from state import Ctx
 def teardown(ctx: Ctx, state: dict[str, Any]) -> Path | None:
     """Stops everything of this cluster; keeps its logs in ${RLJOB_CACHE}/logs/<name>-last."""
     marker_ray = state.get("ray", {}).get("temp_dir") or str(ctx.ray_temp)
+    if state.get("real_node"):
+        from realnode import stop_real_node  # first: its pods' containers outlive the control plane
+
+        stop_real_node(ctx, state)
     # `ray start --block` drains for up to 30 s on SIGTERM; nothing needs draining here.
     for key, what, marker, grace in (
         ("kueue", "kueue", "kueue", 15.0),
@@ -37,22 +41,7 @@ def teardown(ctx: Ctx, state: dict[str, Any]) -> Path | None:
     saved = save_logs(ctx)
     if ctx.kwok_cluster_dir.exists():
         t = time.monotonic()
-        kwokctl = ctx.bins.get("kwokctl")
-        if kwokctl and Path(kwokctl).exists():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(
-                    [
-                        str(kwokctl),
-                        "delete",
-                        "cluster",
-                        f"--name={ctx.name}",
-                        f"--kubeconfig={ctx.kubeconfig}",
-                    ],
-                    env=ctx.env(),
-                    capture_output=True,
-                    timeout=120,
-                    cwd=ctx.dir,
-                )
+        delete_control_plane(ctx)
         log(f"stopped the control plane (kwokctl delete cluster) in {time.monotonic() - t:.1f} s")
     # Anything left that we started: command lines name the cluster dir, environments carry MARKER_ENV.
     for pid in pids_matching(str(ctx.dir) + "/"):
@@ -67,6 +56,20 @@ def teardown(ctx: Ctx, state: dict[str, Any]) -> Path | None:
     if Path(marker_ray).exists() and not marker_ray.startswith(str(ctx.dir)):
         shutil.rmtree(marker_ray, ignore_errors=True)
     return saved
+
+
+def delete_control_plane(ctx: Ctx) -> None:
+    """`kwokctl delete cluster`: stops etcd, the API server, the controllers, kwok; removes their dir."""
+    kwokctl = ctx.bins.get("kwokctl")
+    if kwokctl and Path(kwokctl).exists():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(
+                [str(kwokctl), "delete", "cluster", f"--name={ctx.name}", f"--kubeconfig={ctx.kubeconfig}"],
+                env=ctx.env(),
+                capture_output=True,
+                timeout=120,
+                cwd=ctx.dir,
+            )
 
 
 def save_logs(ctx: Ctx) -> Path | None:

@@ -152,9 +152,12 @@ def wait_established(kubectl: Kubectl, crd: str, timeout: float = 60) -> None:
 def ensure_operator(settings: Settings, kubectl: Kubectl) -> None:
     state_file = settings.state_dir / "operator.json"
     info = operator_proc.running(state_file)
-    if info:
+    if info and info.cluster == operator_proc.cluster_fingerprint(kubectl.kubeconfig):
         done("operator", f"running: reused (pid {info.pid}, log {home(info.log)})")
         return
+    if info:  # it serves a control plane that was stopped since: it cannot reach this one
+        operator_proc.stop(state_file)
+        say(f"  … stopped the operator of an earlier control plane (pid {info.pid})")
     info = operator_proc.start(state_file, kubectl.kubeconfig)
     done("operator", f"started (pid {info.pid}, log {home(info.log)})")
 

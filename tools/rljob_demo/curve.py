@@ -35,13 +35,17 @@ class Summary:
     steps: int
     first: float  # mean training reward of the first step
     last: float  # of the last step
-    evals: dict[str, tuple[float, float]]  # dataset -> (first, last) evaluation reward
+    evals: dict[str, tuple[tuple[int, float], tuple[int, float]]]  # dataset -> first, last (step, reward)
 
     def line(self) -> str:
         text = f"reward {self.first:.2f} (step 1) -> {self.last:.2f} (step {self.steps})"
-        for name, (first, last) in self.evals.items():
-            text += f"; eval {name} {first:.2f} -> {last:.2f}"
+        for name, ((first_step, first), (last_step, last)) in self.evals.items():
+            text += f"; eval {name} {first:.2f} ({_when(first_step)}) -> {last:.2f} ({_when(last_step)})"
         return text
+
+
+def _when(step: int) -> str:
+    return "before training" if step == 0 else f"step {step}"
 
 
 def summarize(scalars: dict[str, Series]) -> Summary | None:
@@ -51,7 +55,7 @@ def summarize(scalars: dict[str, Series]) -> Summary | None:
     evals = {}
     for tag in eval_tags(scalars):
         points = scalars[tag]
-        evals[tag[len(EVAL_PREFIX) : -len("/reward")]] = (points[0][1], points[-1][1])
+        evals[tag[len(EVAL_PREFIX) : -len("/reward")]] = (points[0], points[-1])
     return Summary(steps=rewards[-1][0], first=rewards[0][1], last=rewards[-1][1], evals=evals)
 
 

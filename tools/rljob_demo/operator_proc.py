@@ -23,6 +23,7 @@ class OperatorInfo:
     health_port: int
     metrics_port: int
     log: str
+    cluster: str = ""  # cluster_fingerprint of the control plane it serves ("" in older state files)
 
     @property
     def healthz(self) -> str:
@@ -53,6 +54,22 @@ def _is_operator(pid: int) -> bool:
     return b"rljob_operator" in cmdline
 
 
+def cluster_fingerprint(kubeconfig: Path) -> str:
+    """Which control plane a kubeconfig reaches: a hash of it and of the CA certificate it names. A
+    control plane started again (same name, same port) has a new CA, so an operator still holding the
+    old one, which can no longer verify the API server, is not taken for this cluster's."""
+    import hashlib
+
+    import yaml
+
+    digest = hashlib.sha256(kubeconfig.read_bytes())
+    for entry in (yaml.safe_load(kubeconfig.read_text()) or {}).get("clusters") or []:
+        ca = (entry.get("cluster") or {}).get("certificate-authority")
+        if ca and Path(ca).is_file():
+            digest.update(Path(ca).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def load(state_file: Path) -> OperatorInfo | None:
     try:
         return OperatorInfo(**json.loads(state_file.read_text()))
@@ -71,7 +88,13 @@ def running(state_file: Path) -> OperatorInfo | None:
 def start(state_file: Path, kubeconfig: Path, timeout: float = 90) -> OperatorInfo:
     """Start the operator detached from this terminal (Ctrl-C on the demo leaves it running)."""
     log = state_file.with_name("operator.log")
-    info = OperatorInfo(pid=0, health_port=_free_port(), metrics_port=_free_port(), log=str(log))
+    info = OperatorInfo(
+        pid=0,
+        health_port=_free_port(),
+        metrics_port=_free_port(),
+        log=str(log),
+        cluster=cluster_fingerprint(kubeconfig),
+    )
     cmd = [
         sys.executable, "-m", "rljob_operator",
         f"--metrics-port={info.metrics_port}",

@@ -37,9 +37,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 
+{{- define "rljob.leaseName" -}}
+{{- printf "%s-leader" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "rljob.validate" -}}
-{{- if gt (int .Values.replicas) 1 -}}
-{{- fail (printf "replicas: %d operators would reconcile the same jobs; rljob-operator has no leader election yet, so replicas must be 1 (the Recreate strategy keeps upgrades to one at a time)" (int .Values.replicas)) -}}
+{{- $le := .Values.leaderElection -}}
+{{- if and (gt (int .Values.replicas) 1) (not $le.enabled) -}}
+{{- fail (printf "replicas: %d needs leaderElection.enabled: true; without leader election every replica would reconcile the same jobs" (int .Values.replicas)) -}}
+{{- end -}}
+{{- if $le.enabled -}}
+{{- if le (int $le.leaseDurationSeconds) (int $le.renewDeadlineSeconds) -}}
+{{- fail (printf "leaderElection.renewDeadlineSeconds (%d) must be less than leaderElection.leaseDurationSeconds (%d): a leader must give up before another replica may take over" (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds)) -}}
+{{- end -}}
+{{- if le (float64 $le.renewDeadlineSeconds) (mulf 1.2 (float64 $le.retryPeriodSeconds)) -}}
+{{- fail (printf "leaderElection.renewDeadlineSeconds (%d) must be more than 1.2 times leaderElection.retryPeriodSeconds (%d): a leader must have time to renew at least once" (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and (eq .Values.namespaceMode "namespaced") (not .Values.watchNamespaces) -}}
 {{- fail "namespaceMode: namespaced needs watchNamespaces: the namespaces the operator serves (at least one)" -}}

@@ -46,10 +46,11 @@ away in turn and shows which part of the operator breaks, so no rule here is dea
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get]
-# Events on jobs: phase changes, refusals, denied permissions.
+# Events on jobs: phase changes, refusals, denied permissions (create); at start, the operator's own
+# events on jobs, to announce a phase change its predecessor wrote but did not announce (list).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 {{- end -}}
 
 {{- define "rljob.clusterRules" -}}
@@ -64,4 +65,17 @@ away in turn and shows which part of the operator breaks, so no rule here is dea
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+{{- end -}}
+
+
+{{- define "rljob.leaseRules" -}}
+# Leader election (leaderElection.enabled): the replicas' Lease, created by the first one, then read
+# and renewed under its name only (RBAC cannot limit create to a name).
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "rljob.leaseName" . }}]
+  verbs: [get, update]
 {{- end -}}

@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 import ray
 
-from ..models import model_on_this_node
+from rljob_api.support import HF_SGLANG_ARGS
+
+from ..models import model_on_this_node, tokenizer_on_this_node
 from ..net import free_port
 from . import procs, protocol
 
@@ -55,10 +57,17 @@ def engine_command(
     base_gpu_id: int = 0,
     enable_memory_saver: bool = False,
     sglang_args: Mapping[str, str] | None = None,
+    tokenizer_path: str | None = None,
+    trust_remote_code: bool = False,
 ) -> list[str]:
-    """The server's command line (pure, so the SGLang flags can be checked without SGLang)."""
+    """The server's command line (pure, so the SGLang flags can be checked without SGLang).
+    ``tokenizer_path``: model.tokenizer as this node sees it (None: the model's own)."""
     if kind == "hf":
         cmd = [sys.executable, "-m", "rljob_runtime.rollout.hf_server", "--model-path", model_path]
+        if tokenizer_path:
+            cmd += ["--tokenizer-path", tokenizer_path]
+        if trust_remote_code:
+            cmd += ["--trust-remote-code"]
         # The server sees every GPU of the node (like SGLang): its own is the bundle's, base_gpu_id.
         where = f"cuda:{base_gpu_id}" if device == "cuda" else device
         cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--device", where]
@@ -66,7 +75,7 @@ def engine_command(
         if threads:
             cmd += ["--threads", str(threads)]
         # SGLang's cap on requests decoded together is the hf server's batch size.
-        for key in ("max-running-requests", "max_running_requests"):
+        for key in HF_SGLANG_ARGS:
             if (sglang_args or {}).get(key):
                 cmd += ["--max-batch-size", str((sglang_args or {})[key])]
         return cmd
@@ -78,6 +87,8 @@ def engine_command(
     extra.setdefault("random-seed", seed)
     args = protocol.sglang_launch_args(
         model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        trust_remote_code=trust_remote_code,
         host=host,
         port=port,
         tp_size=tp_size,
@@ -86,6 +97,15 @@ def engine_command(
         extra=extra,
     )
     return [sys.executable, "-m", "sglang.launch_server", *args]
+
+
+SEED_MODULUS = 2**31  # SGLang's --random-seed and torch's manual_seed both take it
+
+
+def engine_seed(training_seed: int, index: int, launch: int = 1) -> int:
+    """The sampling seed of engine ``index`` at its ``launch``-th start: training.seed plus the index,
+    so engines differ and a job reproduces; a relaunch moves 1000 on, so it does not repeat old samples."""
+    return (training_seed + index + 1000 * (launch - 1)) % SEED_MODULUS
 
 
 def base_gpu_id(ray_gpu_ids: list[Any], visible: str | None) -> int:
@@ -171,11 +191,21 @@ class EngineProcess:
         log_dir: str | None = None,
         startup_timeout_s: float = 600.0,
         model_reference: str | None = None,
+        tokenizer_path: str | None = None,
+        tokenizer_reference: str | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         """``model_reference``: spec.model.path, resolved again on this node when ``model_path`` (the
-        driver's resolution) is not visible here."""
+        driver's resolution) is not visible here; ``tokenizer_reference`` and ``tokenizer_path`` the
+        same for model.tokenizer (both None: the model's own tokenizer)."""
         self.kind: EngineKind = kind
         self.model_path = model_on_this_node(model_reference, model_path) if model_reference else model_path
+        self.tokenizer_path = (
+            tokenizer_on_this_node(tokenizer_reference, tokenizer_path or "")
+            if tokenizer_reference
+            else tokenizer_path
+        )
+        self.trust_remote_code = trust_remote_code
         self.index = index
         self.dtype = dtype
         self.device = device
@@ -217,19 +247,21 @@ class EngineProcess:
             port=port,
             dtype=self.dtype,
             device=self.device,
-            seed=self.seed + 1000 * self.launches,  # a relaunched engine must not repeat old samples
+            seed=engine_seed(self.seed, 0, self.launches),
             threads=self.threads,
             tp_size=self.tp_size,
             base_gpu_id=self._base_gpu_id(),
             enable_memory_saver=self.enable_memory_saver,
             sglang_args=self.sglang_args,
+            tokenizer_path=self.tokenizer_path,
+            trust_remote_code=self.trust_remote_code,
         )
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.kind == "sglang" and self.enable_memory_saver:
             # torch_memory_saver's LD_PRELOAD hook needs torch's libcudart on the loader path at exec
-            # time; without it SGLang's scheduler exits with 127 (shared/tools/sglang-kit/README.md)
+            # time; without it SGLang's scheduler exits with 127 (benchmarks/gpu/host/README.md)
             env["LD_LIBRARY_PATH"] = with_cudart_dir(env.get("LD_LIBRARY_PATH", ""))
         if self.device == "cpu":
             # active OpenMP waiting collapses on shared cores (docs/runtime-env.md); must precede torch

@@ -110,17 +110,31 @@ class HFEngine:
     """A causal LM plus a tokenizer; ``run_batch`` decodes a batch of ``Request``s."""
 
     def __init__(
-        self, model_path: str | os.PathLike[str], *, dtype: str = "float32", device: str = "cpu"
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        tokenizer_path: str | os.PathLike[str] | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
+        """``tokenizer_path``: model.tokenizer (None: the model's own); ``trust_remote_code``:
+        model.trustRemoteCode, for the tokenizer and the model alike."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = str(model_path)
+        self.tokenizer_path = str(tokenizer_path or model_path)
         self.device = torch.device(device)
         self.dtype: torch.dtype = getattr(torch, dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer_path, trust_remote_code=trust_remote_code
+        )
         # device_map: the weights load straight onto the GPU (a CPU copy first took most of a 4B start)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=self.dtype, device_map=str(self.device)
+            self.model_path,
+            dtype=self.dtype,
+            device_map=str(self.device),
+            trust_remote_code=trust_remote_code,
         )
         self.model.eval()
         self.config = self.model.config

@@ -1,3 +1,4 @@
+# long-file: one HTTP server: each SGLang endpoint the hf engine serves, and its batching
 """The ``hf`` rollout engine: an HTTP server speaking the subset of SGLang's API the runtime uses.
 
     python -m rljob_runtime.rollout.hf_server --model-path P --host 127.0.0.1 --port N \
@@ -7,8 +8,8 @@ Backed by transformers (``hf_engine``); built on aiohttp. Requests that arrive w
 wait and form the next batch together (dynamic batching: one prefill + one decode loop for all of
 them, which is what makes CPU generation bearable).
 
-Endpoints and how they differ from SGLang (see docs/runtime-env.md and
-shared/reference/sglang-http.md):
+Endpoints and how they differ from SGLang (see docs/runtime-env.md and SGLang's own
+``sglang/srt/entrypoints/http_server.py``):
 
 - ``POST /generate``: ``input_ids`` or ``text`` (a single prompt or a list); ``sampling_params``
   (see ``hf_engine.SamplingParams``); ``return_logprob``; ``rid``. Unknown fields (the router adds
@@ -295,7 +296,7 @@ class HFServer(WeightEndpoints):
         return {
             **self.args,
             "model_path": self.engine.model_path,
-            "tokenizer_path": self.engine.model_path,
+            "tokenizer_path": self.engine.tokenizer_path,
             "tp_size": 1,
             "dp_size": 1,
             "pp_size": 1,
@@ -317,7 +318,7 @@ class HFServer(WeightEndpoints):
         return web.json_response(
             {
                 "model_path": self.engine.model_path,
-                "tokenizer_path": self.engine.model_path,
+                "tokenizer_path": self.engine.tokenizer_path,
                 "served_model_name": self.args.get("served_model_name") or self.engine.model_path,
                 "is_generation": True,
                 "weight_version": self.weight_version,
@@ -448,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="rljob's transformers-backed engine (SGLang HTTP API subset).",
     )
     parser.add_argument("--model-path", required=True, help="HF directory or an offline-resolvable hub id")
+    parser.add_argument("--tokenizer-path", default=None, help="tokenizer directory (default: the model's)")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="run the checkpoint's own model and tokenizer code"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -472,7 +477,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model(args.model_path)
     started = time.time()
-    engine = HFEngine(model_path, dtype=args.dtype, device=args.device)
+    engine = HFEngine(
+        model_path,
+        dtype=args.dtype,
+        device=args.device,
+        tokenizer_path=args.tokenizer_path,
+        trust_remote_code=args.trust_remote_code,
+    )
     torch.manual_seed(args.seed)
     server = HFServer(
         engine,

@@ -1,3 +1,4 @@
+# long-file: engine client, engine fleet and the driver's facade in one class; not yet split
 """The rollout side of a job: engines on their placement bundles, the router, health checks, weights.
 
 ``RolloutManager`` is used from the plain (synchronous) driver loop; inside, it runs an asyncio loop
@@ -33,9 +34,10 @@ import aiohttp
 import ray
 
 from ..data.sample import Sample
+from ..models import resolve_tokenizer
 from . import protocol
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
-from .engine_actor import EngineActor, EngineStartError, actor_options
+from .engine_actor import EngineActor, EngineStartError, actor_options, engine_seed
 from .engine_update import EngineUpdate
 from .engines import ENGINE_CONCURRENCY, Engine, HealthCheck, Refresher, kill_actor
 from .errors import EngineGone, EngineRestartsExhausted, RolloutError, WeightUpdateError
@@ -133,16 +135,20 @@ class RolloutManager:
         first_slots = [slots[0] for slots in placement.engine_slots()]
         if not first_slots:
             raise RolloutError("the placement has no rollout slots")
+        tokenizer_path = str(resolve_tokenizer(spec.model.tokenizer)) if spec.model.tokenizer else None
 
         def actor_kwargs(index: int) -> dict[str, Any]:
             return dict(
                 kind=rollout.engine,
                 model_path=str(model_path),
                 model_reference=spec.model.path,
+                tokenizer_path=tokenizer_path,
+                tokenizer_reference=spec.model.tokenizer,
+                trust_remote_code=spec.model.trust_remote_code,
                 index=index,
                 dtype=spec.model.dtype,
                 device=device,
-                seed=index,
+                seed=engine_seed(spec.training.seed, index),
                 tp_size=placement.gpus_per_engine,
                 enable_memory_saver=placement.colocated and rollout.engine == "sglang",
                 sglang_args=dict(rollout.sglang_args),
@@ -278,8 +284,6 @@ class RolloutManager:
             hook = load_hook(path)
             source: str | None
             if self.spec.model.tokenizer:  # a directory, or a hub id: the copy prepare downloaded
-                from ..models import resolve_tokenizer
-
                 source = str(resolve_tokenizer(self.spec.model.tokenizer))
             else:
                 source = self.model_path
@@ -289,7 +293,9 @@ class RolloutManager:
                 )
             from transformers import AutoTokenizer  # heavy: only runs with a hook
 
-            self._tokenizer = AutoTokenizer.from_pretrained(source)
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                source, trust_remote_code=self.spec.model.trust_remote_code
+            )
             self._hook = hook
 
     async def _generate(self, samples: list[Sample], params: dict[str, Any]) -> list[Sample]:

@@ -265,6 +265,8 @@ def sglang_launch_args(
     model_path: str,
     host: str,
     port: int,
+    tokenizer_path: str | None = None,
+    trust_remote_code: bool = False,
     tp_size: int = 1,
     base_gpu_id: int = 0,
     enable_memory_saver: bool = False,
@@ -280,6 +282,8 @@ def sglang_launch_args(
     """
     flags: dict[str, Any] = {
         "model-path": model_path,
+        "tokenizer-path": tokenizer_path,
+        "trust-remote-code": trust_remote_code,
         "host": host,
         "port": port,
         "tp-size": tp_size,

@@ -14,7 +14,7 @@ def copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     Pairs whose source already has the destination's device and dtype go through one
     ``torch._foreach_copy_`` per (device, dtype): on a GPU a handful of multi-tensor kernels instead of
     one launch and some 10-40 us of Python per tensor, which for a 4B model's 400 tensors was most of
-    an engine's load time (docs/BENCHMARKS.md, session 5). Strided sources are fine: foreach falls
+    an engine's load time (docs/BENCHMARKS.md, commit 9a76790). Strided sources are fine: foreach falls
     back to per-tensor ``copy_`` for pairs whose layouts differ."""
     groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     with torch.no_grad():

@@ -126,7 +126,7 @@ def expandable_segments_requested(environ: Mapping[str, str] = os.environ) -> bo
 def plain_segments(environ: Mapping[str, str] = os.environ) -> Iterator[None]:
     """New allocations inside come from ordinary cudaMalloc segments. Training often runs with
     ``expandable_segments:True``; with it, the engine's load of a 4B model's IPC buckets took 92 ms
-    on an H100 (docs/BENCHMARKS.md, session 4). torch can switch the setting at runtime."""
+    on an H100 (docs/BENCHMARKS.md, commit b7644a7). torch can switch the setting at runtime."""
     switch = expandable_segments_requested(environ) and torch.cuda.is_available()
     if switch:
         torch.cuda.memory._set_allocator_settings("expandable_segments:False")

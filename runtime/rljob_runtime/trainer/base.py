@@ -1,3 +1,4 @@
+# long-file: the backends' common contract: the padded batch layout, its builders and the loss
 """What every trainer backend (torch, megatron) offers the driver, and the padded batch it trains on.
 
 Layout of a batch (``TrainBatch``), built from Samples:

@@ -1,3 +1,4 @@
+# long-file: one trainer rank: model, optimizer, data-parallel steps, checkpoints and weight export
 """The ``torch`` backend's rank: a transformers causal LM, AdamW and torch.distributed data parallel.
 
 One ``TorchTrainerRank`` per trainer slot; ``TrainerGroup`` runs each as a Ray actor pinned to its
@@ -60,7 +61,7 @@ def actor_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     NCCL_CUMEM_ENABLE as SGLang's processes have it: SGLang sets 0 unless the environment says
     otherwise, and the two ends of one NCCL communicator (the weight-update group) must agree, or
     the engine's first receive fails with "unhandled cuda error ... invalid argument" (seen on two
-    H200s, docs/BENCHMARKS.md session 7)."""
+    H200s, docs/BENCHMARKS.md, commit b9bac05)."""
     return {
         "OMP_WAIT_POLICY": "PASSIVE",
         "OMP_NUM_THREADS": "1",

@@ -114,7 +114,8 @@ def test_the_pending_status_and_the_prerequisites_go_at_once_and_the_rayjob_afte
             await asyncio.sleep(0)
         applied = [c.args[0]["kind"] for c in h.kube.calls_to("apply")]
         assert seen == ["status:Pending sent"]
-        assert applied == ["ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"]  # meanwhile
+        # Meanwhile; the RoleBinding once its Role is there (test_reconciler_role_binding.py).
+        assert applied == ["ServiceAccount", "Role", "NetworkPolicy", "RoleBinding"]
         release.set()
         await task
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from fake_kube import BINDING, JOB, RAYJOB, SA, one_gpu_job, server_error
 
-CHILDREN = ["apply:ServiceAccount", "apply:Role", "apply:RoleBinding", "apply:NetworkPolicy", "apply:RayJob"]
+# The RoleBinding after its Role (the rest of the prerequisites go with the Role), the RayJob last.
+CHILDREN = ["apply:ServiceAccount", "apply:Role", "apply:NetworkPolicy", "apply:RoleBinding", "apply:RayJob"]
 
 
 def test_the_first_pass_writes_pending_then_the_runtime_identity_then_the_rayjob() -> None:

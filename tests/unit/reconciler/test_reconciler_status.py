@@ -88,3 +88,21 @@ def test_a_running_jobs_pass_makes_no_list_call() -> None:
     before = len(h.kube.calls)
     h.reconcile("job-a")
     assert not [c.method for c in h.kube.calls[before:] if c.method.startswith("list_")]
+
+
+def test_a_rayjob_deleted_behind_the_operators_back_is_recreated_and_announced_as_such() -> None:
+    h = _started()
+    h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    h.reconcile("job-a")
+    assert h.status("job-a")["phase"] == "Running"
+    old_uid = (h.kube.get(RAYJOB, "ml", "job-a") or {})["metadata"]["uid"]
+    h.kube.delete(RAYJOB, "ml", "job-a")  # `kubectl delete rayjob`, a cleanup script
+    h.reconcile("job-a")
+    new = h.kube.get(RAYJOB, "ml", "job-a")
+    assert new is not None and new["metadata"]["uid"] != old_uid
+    (recreated,) = [e for e in h.events if e[1] == "Recreated"]
+    kind, _, message = recreated
+    assert kind == "Warning"
+    assert message.startswith("RayJob job-a was deleted, not by this operator; recreated it")
+    # Only the first RayJob was "created": the replacement is not announced as a new job's.
+    assert [r for _, r, _ in h.events].count("Created") == 1

@@ -16,7 +16,7 @@ Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it
 - logits: the LM head's bf16 logits, their fp32 log-softmax and its gradient (10 bytes per token and
   vocabulary entry of this TP rank);
 - overhead: CUDA context, NCCL and allocator slack (3 GiB), plus the engine's residue when colocated
-  (2 GiB: what SGLang keeps while released, measured in session 7).
+  (2 GiB: what SGLang keeps while released, docs/BENCHMARKS.md, commit b9bac05).
 
 An estimate, not a promise: the refusal threshold is the whole GPU, so only a layout that clearly
 cannot fit is refused; the log line shows every figure.

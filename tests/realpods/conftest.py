@@ -1,0 +1,143 @@
+"""Fixtures of the real-pod tier: the built images, and a dev cluster with a real node.
+
+The cluster (`devcluster.py up --real-node`, name rljob-real) is its own, beside the e2e suite's:
+it runs the kwok GPU pools for scheduling and one real node (kubelet, containerd, kube-proxy,
+CoreDNS) where CPU pods really run. Started once per session and stopped at its end unless
+RLJOB_KEEP_CLUSTER=1. If it cannot start, every test that needs it fails with the harness's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chart_render import helm_binary
+from e2e.chart_install import helm
+from e2e.conftest import Cluster
+from real_pods import RELEASE
+
+REPO = Path(__file__).resolve().parents[2]
+DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
+IMAGEBUILD = REPO / "tools" / "imagebuild" / "imagebuild.py"
+NAME = os.environ.get("RLJOB_REAL_CLUSTER", "rljob-real")
+UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
+
+
+def run(*cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def image_archives() -> dict[str, Path]:
+    """The operator and runtime-cpu OCI archives (built by `make images`; built here if missing)."""
+    archives = {}
+    for name in ("operator", "runtime-cpu"):
+        proc = run(sys.executable, str(IMAGEBUILD), "path", name, timeout=3600)
+        if proc.returncode != 0:
+            pytest.fail(f"image {name} could not be built:\n{proc.stderr}{proc.stdout}", pytrace=False)
+        archives[name] = Path(proc.stdout.strip().splitlines()[-1])
+    return archives
+
+
+@pytest.fixture(scope="session")
+def real_cluster(image_archives: dict[str, Path]) -> Iterator[Cluster]:
+    t0 = time.monotonic()
+    up = run(
+        sys.executable,
+        str(DEVCLUSTER),
+        "up",
+        f"--name={NAME}",
+        "--real-node",
+        "--recreate",
+        timeout=UP_TIMEOUT_S,
+    )
+    if up.returncode != 0:
+        pytest.fail(
+            f"devcluster up --real-node exited {up.returncode}:\n{up.stderr}\n{up.stdout}", pytrace=False
+        )
+    # The pods of these tests run the operator image; the runtime's is checked inside (podman) only.
+    load = run(
+        sys.executable,
+        str(DEVCLUSTER),
+        "load-images",
+        f"--name={NAME}",
+        str(image_archives["operator"]),
+        timeout=900,
+    )
+    if load.returncode != 0:
+        pytest.fail(
+            f"devcluster load-images exited {load.returncode}:\n{load.stderr}{load.stdout}", pytrace=False
+        )
+    status = run(sys.executable, str(DEVCLUSTER), "status", "--json", f"--name={NAME}", timeout=120)
+    state = json.loads(status.stdout)["state"]
+    sys.stderr.write(f"\n[realpods] cluster {NAME} with a real node up in {time.monotonic() - t0:.0f} s\n")
+    cluster = Cluster(
+        name=NAME,
+        kubeconfig=Path(state["kubeconfig"]),
+        kubectl_bin=Path(state["kubectl"]),
+        apiserver=state["apiserver"],
+        ray_dashboard=state["ray"]["dashboard"],
+        started_here=True,
+        state=state,
+    )
+    try:
+        yield cluster
+    finally:
+        if os.environ.get("RLJOB_KEEP_CLUSTER") != "1":
+            down = run(sys.executable, str(DEVCLUSTER), "down", f"--name={NAME}", timeout=600)
+            if down.returncode != 0:
+                sys.stderr.write(f"[realpods] devcluster down failed:\n{down.stdout}{down.stderr}\n")
+
+
+@pytest.fixture
+def restricted_namespace(real_cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace that enforces the `restricted` Pod Security Standard."""
+    ns = f"real-{uuid.uuid4().hex[:8]}"
+    real_cluster.kubectl("create", "namespace", ns)
+    real_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        yield ns
+    finally:
+        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator_release(real_cluster: Cluster) -> Iterator[str]:
+    """The chart installed by helm in a `restricted` namespace, with the image `make images` built
+    (already in the node's containerd: pull policy Never); uninstalled afterwards."""
+    ns = f"rljob-system-{uuid.uuid4().hex[:6]}"
+    real_cluster.kubectl("create", "namespace", ns)
+    real_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        helm(
+            real_cluster,
+            "install",
+            RELEASE,
+            str(REPO / "charts" / "rljob"),
+            "--namespace",
+            ns,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "operator.resyncSeconds=10",
+            "--wait",
+            "--timeout=4m",
+            timeout=300,
+        )
+        yield ns
+    finally:
+        # Also after a failed install: its cluster-scoped objects would block the next one.
+        subprocess.run(
+            [str(helm_binary()), f"--kubeconfig={real_cluster.kubeconfig}", "uninstall", RELEASE, "-n", ns],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
