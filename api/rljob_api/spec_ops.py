@@ -153,6 +153,16 @@ class FaultToleranceSpec(ApiModel):
         "the latest checkpoint (checkpoint.resume auto). A job the runtime refuses (bad config or data) "
         "is not retried. Each restart is in status.restarts and status.restartHistory.",
     )
+    termination_grace_period_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="The pods' terminationGracePeriodSeconds: the time a preempted, suspended or deleted job "
+        "has after SIGTERM. The runtime finishes the step in flight, saves a checkpoint of it and exits as "
+        "preempted (the operator restarts it without counting a failure); the job resumes from that "
+        "checkpoint. When the step and the save do not fit in it, the runtime stops before SIGKILL and the "
+        "job resumes from its last periodic checkpoint (checkpoint.saveInterval).",
+    )
     startup_timeout_seconds: int = Field(
         default=600,
         ge=30,

@@ -15,7 +15,8 @@ from .rules import Rule
 # Set by the operator (the job's identity, caches, token) or by KubeRay (Ray's addresses and auth):
 # a user value would be ignored or would break the cluster. Every RLJOB_ name is the operator's.
 OPERATOR_ENV_PREFIX = "RLJOB_"
-OPERATOR_ENV = ("HF_HOME", "HF_TOKEN_PATH")
+# RAY_JOB_STOP_WAIT_TIME_S is faultTolerance.terminationGracePeriodSeconds in the Ray job's environment.
+OPERATOR_ENV = ("HF_HOME", "HF_TOKEN_PATH", "RAY_JOB_STOP_WAIT_TIME_S")
 KUBERAY_ENV = (
     "RAY_ADDRESS",
     "RAY_IP",

@@ -25,6 +25,10 @@ CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 # Ray job's message, KubeRay copies that into the RayJob's, and the operator then fails the job
 # instead of restarting it. Every other non-zero status (1, a signal) is retried up to backoffLimit.
 EXIT_NOT_RETRIABLE = 78
+# Exit status after a SIGTERM (sysexits' EX_TEMPFAIL): the runtime stopped for a preemption, a suspend or
+# a pod going away, with a checkpoint of its last step when the grace period allowed. The operator
+# restarts such a job without counting it against backoffLimit.
+EXIT_PREEMPTED = 75
 RESTART_HISTORY_MAX = 10  # entries of status.restartHistory kept, the most recent last
 RESTART_MESSAGE_MAX = 512
 CONVERSIONS_MAX = 40  # status.conversions: the megatron conversion and up to 32 on-demand exports + the final
@@ -125,8 +129,9 @@ class Restart(ApiModel):
     attempt: int = Field(ge=1, description="1 for the first restart, 2 for the second, ...")
     time: datetime = Field(description="When the operator saw the failure and decided to restart.")
     reason: Annotated[str, Field(min_length=1, max_length=128)] = Field(
-        description="Why the attempt failed: DriverKilled (the runtime was killed by a signal), "
-        "RuntimeFailed (it exited non-zero), or KubeRay's reason (e.g. AppFailed, SubmissionFailed)."
+        description="Why the attempt ended: DriverKilled (the runtime was killed by a signal), "
+        "RuntimeFailed (it exited non-zero), Preempted (it stopped for a SIGTERM, its last step "
+        "checkpointed when the grace period allowed), or KubeRay's reason (e.g. AppFailed, SubmissionFailed)."
     )
     message: Annotated[str, Field(max_length=RESTART_MESSAGE_MAX)] = Field(
         default="", description="The failure in one line (the runtime's last line, or KubeRay's message)."
@@ -163,8 +168,14 @@ class RLTrainingJobStatus(ApiModel):
     restarts: int | None = Field(
         default=None,
         ge=0,
-        description="Times the whole job was restarted on a new Ray cluster after a retriable failure "
-        "(at most spec.faultTolerance.backoffLimit).",
+        description="Times the whole job was restarted on a new Ray cluster: after a retriable failure (at "
+        "most spec.faultTolerance.backoffLimit of those) or a preemption (preemptions).",
+    )
+    preemptions: int | None = Field(
+        default=None,
+        ge=0,
+        description="Of the restarts, those after the runtime stopped for a SIGTERM (Preempted: a node "
+        "drained, a pod deleted): not counted against spec.faultTolerance.backoffLimit.",
     )
     restart_history: Annotated[list[Restart], Field(max_length=RESTART_HISTORY_MAX)] | None = Field(
         default=None,

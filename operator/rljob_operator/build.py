@@ -141,6 +141,9 @@ def prerequisite_waves(children: list[dict[str, Any]]) -> list[list[dict[str, An
     return [wave for wave in (rest, bindings) if wave]
 
 
+RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+
+
 def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> dict[str, Any]:
     """The RayJob for `job`. `suspend` is decided by the caller (spec.suspend, quota, Kueue): True
     sets it; False and None leave the field out (False: nobody else owns it, so it is removed; None:
@@ -158,6 +161,9 @@ def build_rayjob(job: Job, settings: BuildSettings, *, suspend: bool | None) -> 
     }
     if needs_megatron_checkpoint(job):  # the conversion job put it in the model cache
         env[MEGATRON_CACHE_ENV] = "1"
+    # Ray's job supervisor reads it from the job's runtime environment: a stopped Ray job (a deleted
+    # RayJob) gets the grace period between its SIGTERM and SIGKILL, not Ray's 3 s.
+    env[RAY_STOP_WAIT_ENV] = str(spec.fault_tolerance.termination_grace_period_seconds)
     rayjob = _rayjob(
         job,
         settings,

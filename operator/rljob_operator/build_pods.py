@@ -63,8 +63,15 @@ def pod_template(job: Job, group: PodGroup, *, capabilities: tuple[str, ...] = (
         "volumeMounts": mounts,
         "securityContext": _container_security(capabilities if group.gpus else ()),
     }
+    grace = job.spec.fault_tolerance.termination_grace_period_seconds
     if group.role == "head":
         container["ports"] = HEAD_PORTS
+        # KubeRay deletes a suspended job's Ray cluster without stopping its Ray job, whose driver
+        # runs in a session of its own: the hook gives the runtime the SIGTERM it checkpoints on
+        # (rljob_runtime/stop.py) and holds the pod until it has exited.
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["rljob-runtime", "stop", "--timeout", str(grace)]}}
+        }
     security = res.security_context
     pod_security: dict[str, Any] = {
         "runAsNonRoot": True,
@@ -75,6 +82,7 @@ def pod_template(job: Job, group: PodGroup, *, capabilities: tuple[str, ...] = (
     if security.fs_group is not None:
         pod_security["fsGroup"] = security.fs_group
     pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": grace,
         "serviceAccountName": res.service_account_name or runtime_account_name(job.name),
         "securityContext": pod_security,
         "containers": [container],

@@ -15,7 +15,9 @@ The operator builds RayJobs with KubeRay's backoffLimit 0 and restarts the job i
 the runtime marks as not retriable (EXIT_NOT_RETRIABLE), a RayJob KubeRay refused
 (ValidationFailed), an exceeded activeDeadlineSeconds or a stopped Ray job fails the job; any other
 failure restarts it (a new RayJob, a new Ray cluster, resuming from the latest checkpoint) until
-status.restarts reaches spec.faultTolerance.backoffLimit.
+status.restarts reaches spec.faultTolerance.backoffLimit. A runtime that exited EXIT_PREEMPTED (it
+stopped for a SIGTERM: a pod deleted, a node drained) is restarted as well, and not counted against
+that limit (status.preemptions).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rljob_api.status import EXIT_NOT_RETRIABLE, RESTART_HISTORY_MAX, RESTART_MESSAGE_MAX
+from rljob_api.status import EXIT_NOT_RETRIABLE, EXIT_PREEMPTED, RESTART_HISTORY_MAX, RESTART_MESSAGE_MAX
 
 from .job import Job
 
@@ -39,6 +41,7 @@ _RAY_LOG_HEADER = re.compile(r"^Job entrypoint command failed with exit code -?\
 KILLED = "DriverKilled"  # the runtime's process was killed (a signal): retried
 RUNTIME_FAILED = "RuntimeFailed"  # it exited non-zero, not EXIT_NOT_RETRIABLE: retried
 INVALID_JOB = "InvalidJob"  # it exited EXIT_NOT_RETRIABLE: the job as specified cannot run
+PREEMPTED = "Preempted"  # it exited EXIT_PREEMPTED after a SIGTERM: restarted, not counted as a failure
 EXHAUSTED = "BackoffLimitExceeded"  # retriable, but spec.faultTolerance.backoffLimit restarts are done
 RESTARTING = "Restarting"  # the phase's reason from the failure until the new RayJob exists
 # KubeRay reasons no restart can cure: the RayJob is invalid, or the whole job's deadline passed.
@@ -122,6 +125,8 @@ def failure_of(rayjob: Mapping[str, Any] | None) -> Failure | None:
         return made(kuberay_reason or "RayJobStopped", last, False)
     if code == EXIT_NOT_RETRIABLE:
         return made(INVALID_JOB, last, False)
+    if code == EXIT_PREEMPTED:
+        return made(PREEMPTED, last, True)
     signum = killed_by(code)
     if signum is not None:
         return made(KILLED, f"the runtime was killed by {_signal_name(signum)} (exit code {code})", True)
@@ -139,6 +144,10 @@ def history(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def recorded_restarts(status: Mapping[str, Any]) -> int:
     return int(status.get("restarts") or 0)
+
+
+def recorded_preemptions(status: Mapping[str, Any]) -> int:
+    return int(status.get("preemptions") or 0)
 
 
 def is_recorded(status: Mapping[str, Any], uid: str) -> bool:
@@ -191,10 +200,10 @@ def should_restart(job: Job, failure: Failure) -> bool:
     """Restart (True) or fail the job (False). A recorded failure is being restarted already."""
     if not failure.retriable:
         return False
-    if is_recorded(job.status, failure.uid):
+    if is_recorded(job.status, failure.uid) or failure.reason == PREEMPTED:
         return True
-    done = recorded_restarts(job.status) + failure.kuberay_retries
-    return done < job.spec.fault_tolerance.backoff_limit
+    failures = recorded_restarts(job.status) - recorded_preemptions(job.status) + failure.kuberay_retries
+    return failures < job.spec.fault_tolerance.backoff_limit
 
 
 def restart_entry(job: Job, failure: Failure, now: datetime) -> dict[str, Any]:
@@ -215,7 +224,10 @@ def with_restart(status: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[st
     """`status` with one more restart: the count (the entry's attempt) and the history, bounded,
     most recent last."""
     entries = [*history(status), dict(entry)][-RESTART_HISTORY_MAX:]
-    return {**status, "restarts": entry["attempt"], "restartHistory": entries}
+    updated = {**status, "restarts": entry["attempt"], "restartHistory": entries}
+    if entry["reason"] == PREEMPTED:
+        updated["preemptions"] = recorded_preemptions(status) + 1
+    return updated
 
 
 def restarting_message(job: Job, entry: Mapping[str, Any]) -> str:
@@ -225,7 +237,11 @@ def restarting_message(job: Job, entry: Mapping[str, Any]) -> str:
         then = "a new Ray job starts over (checkpoint.resume: never)"
     else:
         then = "a new Ray job resumes from the latest checkpoint"
-    return f"restart {entry['attempt']} of {limit} after {entry['reason']}: {entry.get('message') or 'no message'}; {then}"
+    if entry["reason"] == PREEMPTED:
+        counted = f"restart {entry['attempt']} after {PREEMPTED} (not counted against backoffLimit {limit})"
+    else:
+        counted = f"restart {entry['attempt']} of {limit} after {entry['reason']}"
+    return f"{counted}: {entry.get('message') or 'no message'}; {then}"
 
 
 def exhausted_message(count: int, line: str) -> str:

@@ -373,6 +373,8 @@ def compute_status(job: Job, seen: Observed) -> dict[str, Any]:
     entries = history(job.status)
     if entries:
         status["restartHistory"] = entries
+    if job.status.get("preemptions"):
+        status["preemptions"] = job.status["preemptions"]
     start = job.status.get("startTime") or rayjob_status.get("startTime")
     if start:
         status["startTime"] = start

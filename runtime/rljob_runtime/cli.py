@@ -5,9 +5,11 @@ rljob-runtime train --config job.yaml
 
 `train` exits 0 when the run succeeded, EXIT_NOT_RETRIABLE (78) when the job cannot run as
 configured (an invalid config, `prepare` refused the spec, the data or the model, or a configuration
-error met later in the run: config_errors), 1 for any other failure (the run itself failed) and 130
-when interrupted; a killed runtime has no say. The operator restarts the whole job (up to
-faultTolerance.backoffLimit) for every failure but 78.
+error met later in the run: config_errors), EXIT_PREEMPTED (75) after a SIGTERM (preemption.py: the
+step in flight finished and checkpointed, or the grace period ran out), 1 for any other failure (the
+run itself failed) and 130 when interrupted (Ctrl-C, a second SIGTERM); a killed runtime has no say.
+The operator restarts the whole job (up to faultTolerance.backoffLimit) for every failure but 78, and
+after 75 without counting it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import sys
 
 from rljob_api.describe import describe
-from rljob_api.status import EXIT_NOT_RETRIABLE
+from rljob_api.status import EXIT_NOT_RETRIABLE, EXIT_PREEMPTED
 
 from .config import ConfigError, load_config
 
@@ -82,9 +84,10 @@ def _train(args: argparse.Namespace) -> int:
     for topic, line in describe(config.spec):
         print(f"  {topic:<12}{line}", flush=True)
 
-    from .driver import unwind_on_sigterm
+    from . import preemption
 
-    unwind_on_sigterm()
+    preemption.configure(config.spec.fault_tolerance.termination_grace_period_seconds)
+    preemption.install()
     try:
         try:
             prepared = prepare(config.spec)
@@ -109,6 +112,13 @@ def _train(args: argparse.Namespace) -> int:
             ),
         )
     except KeyboardInterrupt:
+        if preemption.current().requested:
+            print(
+                "rljob-runtime: preempted before the step in flight and its checkpoint were done (grace period "
+                f"{preemption.current().grace_s:.0f} s); the job resumes from its last checkpoint",
+                file=sys.stderr,
+            )
+            return EXIT_PREEMPTED
         print("rljob-runtime: interrupted; stopped engines, router and trainer", file=sys.stderr)
         return 130
     except Exception as exc:
@@ -122,6 +132,14 @@ def _train(args: argparse.Namespace) -> int:
             raise
         print(f"rljob-runtime: failed: {' '.join(str(exc).split())}"[:1000], file=sys.stderr)
         return 1
+    if result.preempted:
+        resumes = (
+            f"the job resumes from its checkpoint {result.last_checkpoint}"
+            if result.last_checkpoint
+            else "the job starts again from the beginning"
+        )
+        print(f"rljob-runtime: preempted after step {result.steps_done}; {resumes}", file=sys.stderr)
+        return EXIT_PREEMPTED
     print(f"done: {result.steps_done} steps; last checkpoint {result.last_checkpoint}", flush=True)
     return 0
 
@@ -185,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="patch the RLTrainingJob's status.progress (auto: when the config comes from env:)",
     )
     train.set_defaults(run=_train)
+    stop = commands.add_parser(
+        "stop",
+        help="SIGTERM the `train` processes of this machine or pod and wait for them to exit (the head pod's preStop hook)",
+        description="Preempt the local `rljob-runtime train`: it finishes its step, saves a checkpoint and exits.",
+    )
+    stop.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for them to exit (default: 300)"
+    )
+    stop.set_defaults(run=_stop)
     convert = commands.add_parser(
         "convert",
         help="convert checkpoints: hf-to-dist, dist-to-hf, verify, megatron-cache, export "
@@ -195,6 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("args", nargs=argparse.REMAINDER)
     convert.set_defaults(run=_convert)
     return parser
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from .stop import stop
+
+    signalled, left = stop(args.timeout)
+    if not signalled:
+        print("rljob-runtime stop: no `rljob-runtime train` process here")
+        return 0
+    if left:
+        print(f"rljob-runtime stop: still running after {args.timeout:.0f} s: {left}", file=sys.stderr)
+        return 1
+    print(f"rljob-runtime stop: {len(signalled)} train process(es) stopped: {signalled}")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ import importlib.util
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.support import unsupported
 
+from . import preemption
 from .algo.group_filter import GroupFilter, load_group_filter
 from .algo.staleness import mask_off_policy_tokens, staleness_metrics
 from .carried import CarriedGroups
@@ -92,6 +92,7 @@ class RunResult:
     batches: list[list[int]] = field(default_factory=list)  # prompt rows (group indices) of each step
     last_checkpoint: str | None = None
     trainer_restarts: list[str] = field(default_factory=list)  # the message of each in-run restart
+    preempted: bool = False  # a SIGTERM stopped the run after a step, its checkpoint written (preemption.py)
 
 
 def prepare(spec: RLTrainingJobSpec) -> Prepared:
@@ -228,6 +229,9 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
     from .trainer import create_trainer
 
     spec = prepared.spec
+    preemption.configure(spec.fault_tolerance.termination_grace_period_seconds)
+    if preemption.current().requested:  # a SIGTERM while `prepare` ran: nothing to save
+        raise KeyboardInterrupt
     started_ray = False
     if not ray.is_initialized():
         if options.ray_address:
@@ -241,7 +245,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
                 log_to_driver=False,
             )
         started_ray = True
-    unwind_on_sigterm()  # after ray.init, which installs a SIGTERM handler that aborts the process
+    preemption.install()  # after ray.init, which installs a SIGTERM handler that aborts the process
     transport = make_transport(
         spec,
         single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1,
@@ -313,18 +317,6 @@ def _refresh(crew: Crew, url: str) -> None:
     crew.transport.refresh(crew.trainer, crew.rollout, url)
 
 
-def unwind_on_sigterm() -> None:
-    """SIGTERM (KubeRay stopping the job, a pod going away) unwinds like Ctrl-C, so the finally
-    blocks stop the engines, the router, the trainer actors and a Ray we started."""
-    import signal
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupted)
-
-
 def _loop(
     prepared: Prepared,
     options: RunOptions,
@@ -350,6 +342,9 @@ def _loop(
     try:
         while step < total:
             if options.stop_after is not None and step - start >= options.stop_after:
+                break
+            if preemption.current().requested:
+                _save_for_preemption(prepared, crew, result, rng, source, step)
                 break
             try:
                 _step(prepared, options, crew, reporter, result, rng, step, source)
@@ -432,7 +427,8 @@ def _step(
     else:  # sync mode: nothing in flight; partial rollout: the requests in flight are continued
         metrics.update(turns.to_engines(sync))
     eval_rewards = None
-    if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total):
+    preempted = preemption.current().requested  # the grace period is for the checkpoint, not an eval
+    if spec.data.eval.interval and (done % spec.data.eval.interval == 0 or done == total) and not preempted:
         with source.quiet():  # a dynamic-sampling round in flight would abort the eval requests
             eval_rewards = evaluate(prepared, rollout)
         metrics.update({f"eval/{k}/reward": v for k, v in eval_rewards.items()})
@@ -443,6 +439,36 @@ def _step(
         options.on_step(result.history[-1])
     result.batches.append(sorted({s.group_index for s in samples if s.group_index is not None}))
     result.steps_done = done
+
+
+def _save_for_preemption(
+    prepared: Prepared,
+    crew: Crew,
+    result: RunResult,
+    rng: random.Random,
+    source: StepRollouts,
+    step: int,
+) -> None:
+    """After a SIGTERM: a checkpoint of the last finished step (unless that step saved one), so the
+    resumed job goes on from the next. Async mode's generation in flight finishes first: its prompts
+    have left the data source and are saved with the checkpoint."""
+    state = preemption.current()
+    saved = result.last_checkpoint is not None and (
+        store.read_driver_state(Path(result.last_checkpoint))["step"] == step
+    )
+    if step > 0 and not saved:
+        t0 = time.perf_counter()
+        print(f"preempted: saving a checkpoint of step {step}", flush=True)
+        crew.turns.to_trainer()  # colocated: the trainer's state back on its GPU to be saved
+        with source.quiet() as buffers:
+            path = _save(prepared, crew.trainer, Path(prepared.spec.checkpoint.path), step, rng, buffers)
+        result.last_checkpoint = str(path)
+        print(
+            f"preempted: checkpoint of step {step} saved in {time.perf_counter() - t0:.1f} s: {path}",
+            flush=True,
+        )
+    state.finished = True
+    result.preempted = True
 
 
 def _lost_trainer_ranks(trainer: TrainerBackend, exc: Exception) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 from operator_process import OperatorProcess
-from test_operator import condition, in_phase, status, table, tiny_training_job, wait_for
+from test_operator import condition, in_phase, reached_step, status, table, tiny_training_job, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -124,6 +124,59 @@ def test_a_killed_driver_restarts_the_job_which_resumes_and_succeeds(
     assert row["PHASE"] == "Succeeded"
     if os.environ.get("RLJOB_E2E_DEBUG"):
         print(described)
+
+
+def test_a_sigterm_preempts_the_job_which_resumes_from_its_last_step_without_counting_a_failure(
+    crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """What the head pod's preStop hook does when the pod goes away (Kueue preemption, a suspend, a
+    drained node): `rljob-runtime stop` sends the runtime SIGTERM. The step in flight finishes and is
+    saved (saveInterval would not save it), the runtime exits 75, and the operator restarts the job as
+    Preempted although backoffLimit is 0; the new run resumes from exactly that step."""
+    import subprocess
+    import sys
+
+    from rljob_runtime import stop
+
+    total = 20
+    doc = tiny_training_job(tmp_path, "preempted", namespace, num_rollout=total)
+    doc["spec"]["checkpoint"]["saveInterval"] = 1000  # only the preemption's save, and the last
+    crd.apply(doc)
+    wait_for("step 2", reached_step(crd, namespace, "preempted", 2), operator, timeout=420)
+    first = crd.get("rayjob", "preempted", namespace)
+    (driver,) = runtime_drivers(namespace, "preempted")
+    assert stop.train_processes() == [driver.pid]  # the hook's command stops this driver and no other
+    hook = subprocess.run(
+        [sys.executable, "-m", "rljob_runtime.cli", "stop", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert hook.returncode == 0 and f"stopped: [{driver.pid}]" in hook.stdout, hook
+
+    def finished() -> dict[str, Any] | None:
+        st = status(crd, namespace, "preempted")
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    st = wait_for("the preempted job to finish", finished, operator, timeout=600)
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    assert (st["restarts"], st["preemptions"]) == (1, 1)
+    (entry,) = st["restartHistory"]
+    assert (entry["reason"], entry["exitCode"]) == ("Preempted", 75), entry
+    assert entry["rayJobUid"] == first["metadata"]["uid"]
+    preempted_at = int(entry["message"].split("preempted after step ")[1].split(";")[0])
+    assert 2 <= preempted_at < total, entry
+    second = crd.get("rayjob", "preempted", namespace)
+    logs = ray_job_logs(crd, second["status"]["jobId"])
+    assert f"resumed from step {preempted_at} " in logs, logs[-3000:]  # that step, not an earlier one
+    assert st["progress"]["stepText"] == f"{total}/{total}"
+    events = [
+        e
+        for e in crd.list("events", namespace)
+        if e["involvedObject"]["name"] == "preempted" and e["reason"] == "Restarting"
+    ]
+    assert len(events) == 1, events
+    assert "after Preempted (not counted against backoffLimit 0)" in events[0]["message"], events
 
 
 def test_a_job_the_runtime_refuses_fails_without_a_restart(

@@ -5,12 +5,14 @@ TensorBoard, resume. Colocated and disaggregated; dynamic sampling; ppo with a c
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rljob_api.resource import parse_spec
+from rljob_api.status import EXIT_PREEMPTED
 from rljob_runtime.checkpoint import store
 from rljob_runtime.data.sample import Sample
 from rljob_runtime.driver import RunOptions, prepare, run
@@ -241,7 +243,52 @@ def _our_processes() -> dict[int, str]:
     return found
 
 
-def test_sigterm_mid_run_leaves_no_orphans(model_dir: Path, tmp_path: Path) -> None:
+def test_a_sigterm_finishes_the_step_saves_it_and_the_resumed_run_trains_the_same_batches(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A preemption (SIGTERM) in the middle of step 2: the step finishes, a checkpoint of it is
+    written although saveInterval would not save it, and the resumed run trains exactly the batches
+    the uninterrupted run trained after it: none twice, none skipped."""
+    import os
+    import signal
+    import threading
+
+    from rljob_runtime import preemption
+
+    def spec(ckpt: Path) -> Any:
+        doc = spec_for(model_dir, ckpt).to_document()
+        doc["training"]["numRollout"] = 5
+        doc["checkpoint"]["saveInterval"] = 100  # only the last step's save, and the preemption's
+        return parse_spec(doc)
+
+    full = run(prepare(spec(tmp_path / "full")), RunOptions())
+    assert store.completed_steps(tmp_path / "full") == [5]
+
+    def sigterm_in_step_2(metrics: dict[str, float]) -> None:
+        if metrics["step"] == 1:  # step 2 starts as this returns
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    before = signal.getsignal(signal.SIGTERM)
+    preemption.reset()
+    try:
+        first = run(prepare(spec(tmp_path / "preempted")), RunOptions(on_step=sigterm_in_step_2))
+        assert first.preempted and 2 <= first.steps_done < 5, first
+        assert not preemption.current().interrupted
+        assert store.completed_steps(tmp_path / "preempted") == [first.steps_done]
+        assert first.last_checkpoint == str(store.iteration_dir(tmp_path / "preempted", first.steps_done))
+        preemption.reset()
+        rest = run(prepare(spec(tmp_path / "preempted")), RunOptions())
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        preemption.reset()
+    assert not rest.preempted and rest.steps_done == 5
+    assert [h["step"] for h in rest.history] == list(range(first.steps_done + 1, 6))
+    assert first.batches + rest.batches == full.batches
+
+
+def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans(
+    model_dir: Path, tmp_path: Path
+) -> None:
     import os
     import signal
     import subprocess
@@ -289,10 +336,14 @@ def test_sigterm_mid_run_leaves_no_orphans(model_dir: Path, tmp_path: Path) -> N
             break
     assert any(line.lstrip("[ ").startswith("1/200") for line in lines), "".join(lines[-30:])
     assert set(_our_processes()) - before, "the run started no engine or Ray process"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # preempted: the step in flight finishes and is saved
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-2000:]
-    assert out.strip().splitlines()[-1].startswith("rljob-runtime: interrupted")
+    assert proc.returncode == EXIT_PREEMPTED, out[-2000:]
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"rljob-runtime: preempted after step (\d+); the job resumes from its checkpoint .+", last
+    )
+    assert store.completed_steps(tmp_path / "ckpt")[-1] == int(last.split()[4].rstrip(";"))
     deadline = time.monotonic() + 30
     while (
         left := {p: c for p, c in _our_processes().items() if p not in before}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from operator_fixtures import NOW, job_from_spec
 
-from rljob_api.status import EXIT_NOT_RETRIABLE, RESTART_HISTORY_MAX, RLTrainingJobStatus
+from rljob_api.status import EXIT_NOT_RETRIABLE, EXIT_PREEMPTED, RESTART_HISTORY_MAX, RLTrainingJobStatus
 from rljob_operator.build import BuildSettings, build_rayjob
 from rljob_operator.restarts import (
     exit_code,
@@ -135,6 +135,18 @@ CASES = [
         False,
     ),
     ("stopped", rayjob("Complete", "STOPPED"), "RayJobStopped", "the Ray job ended STOPPED", False),
+    (
+        "preempted",
+        failed(
+            ray_message(
+                EXIT_PREEMPTED,
+                "rljob-runtime: preempted after step 3; the job resumes from its checkpoint /c/iter_0000003",
+            )
+        ),
+        "Preempted",
+        "rljob-runtime: preempted after step 3; the job resumes from its checkpoint /c/iter_0000003",
+        True,
+    ),
 ]
 
 
@@ -168,6 +180,47 @@ def test_restarts_up_to_the_backoff_limit() -> None:
     assert third is not None and not should_restart(exhausted, third)
     assert should_restart(exhausted, other)  # recorded already: its restart is under way
     assert not should_restart(job_from_spec(), failure)  # backoffLimit 0
+
+
+def test_preemptions_restart_without_counting_against_the_backoff_limit() -> None:
+    preempted = failure_of(
+        failed(ray_message(EXIT_PREEMPTED, "rljob-runtime: preempted after step 3"), uid="p-1")
+    )
+    crashed = failure_of(failed(ray_message(137), uid="c-1"))
+    assert preempted is not None and crashed is not None
+    limit = {"faultTolerance": {"backoffLimit": 1}}
+    status: dict[str, Any] = {}
+    for uid in ("p-1", "p-2", "p-3"):  # more preemptions than the limit allows failures
+        job = job_from_spec(limit, status=status)
+        failure = failure_of(failed(ray_message(EXIT_PREEMPTED, "preempted"), uid=uid))
+        assert failure is not None and should_restart(job, failure)
+        status = with_restart(status, restart_entry(job, failure, NOW))
+    assert (status["restarts"], status["preemptions"]) == (3, 3)
+    RLTrainingJobStatus.model_validate_json(json.dumps(status))
+    job = job_from_spec(limit, status=status)
+    assert should_restart(job, crashed)  # the one failure backoffLimit 1 allows
+    status = with_restart(status, restart_entry(job, crashed, NOW))
+    assert (status["restarts"], status["preemptions"]) == (4, 3)
+    other = failure_of(failed(ray_message(1, "boom"), uid="c-2"))
+    assert other is not None and not should_restart(job_from_spec(limit, status=status), other)
+    assert should_restart(job_from_spec(limit, status=status), preempted)  # preemptions always
+
+
+def test_a_preemption_restart_says_it_is_not_counted() -> None:
+    spec = {"faultTolerance": {"backoffLimit": 2}}
+    running = compute_status(job_from_spec(spec), Observed(NOW, rayjob=rayjob("Running", "RUNNING")))
+    old = failed(ray_message(EXIT_PREEMPTED, "rljob-runtime: preempted after step 3"))
+    failure = failure_of(old)
+    assert failure is not None
+    recorded = restart_status(job_from_spec(spec, status=running), failure, old, NOW)
+    assert (recorded["phase"], recorded["restarts"], recorded["preemptions"]) == ("Starting", 1, 1)
+    ready = next(c for c in recorded["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == (
+        "restart 1 after Preempted (not counted against backoffLimit 2): rljob-runtime: preempted after "
+        "step 3; a new Ray job resumes from the latest checkpoint"
+    )
+    later = compute_status(job_from_spec(spec, status=recorded), Observed(NOW))
+    assert later["preemptions"] == 1  # kept by every later status
 
 
 def test_the_history_is_bounded_and_one_line_most_recent_last() -> None:

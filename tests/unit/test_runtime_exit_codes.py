@@ -12,8 +12,8 @@ import yaml
 
 from rljob_api.errors import SpecError
 from rljob_api.resource import API_VERSION, KIND
-from rljob_api.status import EXIT_NOT_RETRIABLE
-from rljob_runtime import cli, driver
+from rljob_api.status import EXIT_NOT_RETRIABLE, EXIT_PREEMPTED
+from rljob_runtime import cli, driver, preemption
 from rljob_runtime.data.prompts import DataError
 from rljob_runtime.hub_rules import HubError
 from rljob_runtime.models import ModelNotFoundError
@@ -43,7 +43,7 @@ def _train(config: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 @pytest.fixture(autouse=True)
 def _no_sigterm_handler(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver, "unwind_on_sigterm", lambda: None)
+    monkeypatch.setattr(preemption, "install", lambda: None)
 
 
 def test_an_invalid_config_is_not_retriable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,6 +111,44 @@ def test_once_running_every_failure_is_retriable(
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (1, f"rljob-runtime: failed: {error}")
+
+
+def test_a_preempted_run_exits_75_with_its_checkpoint_and_an_interrupted_one_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Prepared:
+        dropped_prompts = 0
+
+    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(
+        driver,
+        "run",
+        lambda p, o: driver.RunResult(steps_done=3, last_checkpoint="/c/iter_0000003", preempted=True),
+    )
+    code, last = _train(_config(tmp_path, patched(CPU)), capsys)
+    assert (code, last) == (
+        EXIT_PREEMPTED,
+        "rljob-runtime: preempted after step 3; the job resumes from its checkpoint /c/iter_0000003",
+    )
+
+    def out_of_time(prepared: object, options: object) -> object:  # the watchdog interrupted the step
+        preemption.current().request(0.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "run", out_of_time)
+    try:
+        code, last = _train(_config(tmp_path, patched(CPU)), capsys)
+    finally:
+        preemption.reset()
+    assert code == EXIT_PREEMPTED
+    assert last.startswith("rljob-runtime: preempted before the step in flight and its checkpoint were done")
+
+    def interrupted(prepared: object, options: object) -> object:  # Ctrl-C: no SIGTERM came
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "run", interrupted)
+    code, last = _train(_config(tmp_path, patched(CPU)), capsys)
+    assert code == 130 and last.startswith("rljob-runtime: interrupted")
 
 
 class _RayTaskError(RuntimeError):
