@@ -157,7 +157,8 @@ def managed_namespace(crd: Any, kueue: dict[str, Any]) -> Iterator[Callable[...,
         crd.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {key: value}}})
         made.append(ns)
         kueue["namespaces"].append(ns)
-        crd.apply(*(_kueue_obj("LocalQueue", q, {"clusterQueue": kueue["cq"]}, ns) for q in local_queues))
+        if local_queues:
+            crd.apply(*(_kueue_obj("LocalQueue", q, {"clusterQueue": kueue["cq"]}, ns) for q in local_queues))
         return ns
 
     yield make
@@ -303,3 +304,92 @@ def test_the_priority_class_reaches_the_rayjob_and_kueues_workload(
         check=False,
     )  # fmt: skip
     assert removed.returncode != 0 and "workloadPriorityClassName cannot be removed" in removed.stderr
+
+
+def test_a_higher_priority_job_preempts_a_training_job_which_resumes_from_its_preemption_checkpoint(
+    crd: Any,
+    kueue: dict[str, Any],
+    operator: OperatorProcess,
+    managed_namespace: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """A ClusterQueue with room for one job: a training job (the real runtime on a tiny model) runs;
+    a job of a higher WorkloadPriorityClass arrives, and Kueue preempts the first by suspending its
+    RayJob. The head pod's preStop hook (here tools/devcluster/prestop.py) gives the runtime SIGTERM:
+    it saves the step it was in although saveInterval would not, and when the other job is done Kueue
+    admits it again and it resumes from exactly that step."""
+    from test_job_restart import ray_job_logs
+    from test_operator import reached_step, tiny_training_job
+
+    suffix = uuid.uuid4().hex[:6]
+    cq, low, high = f"rljob-e2e-one-{suffix}", f"rljob-e2e-low-{suffix}", f"rljob-e2e-top-{suffix}"
+    # One tiny job's pods: the head (2 CPUs, 8Gi) and a trainer (1 CPU, 2Gi).
+    quota = [{"name": "cpu", "nominalQuota": "3"}, {"name": "memory", "nominalQuota": "10Gi"}]
+    objects = [
+        _kueue_obj(
+            "ClusterQueue",
+            cq,
+            {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [{"name": kueue["flavor"], "resources": quota}],
+                    }
+                ],
+            },
+        ),
+        *(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+                "description": "rljob e2e",
+            }
+            for name, value in ((low, 10), (high, 10000))
+        ),
+    ]
+    crd.apply(*objects)
+    try:
+        ns = managed_namespace()
+        crd.apply(_kueue_obj("LocalQueue", "one", {"clusterQueue": cq}, ns))
+        total = 30
+        training = tiny_training_job(tmp_path, "background", ns, num_rollout=total)
+        training["spec"].update({"queueName": "one", "workloadPriorityClassName": low})
+        training["spec"]["checkpoint"]["saveInterval"] = 1000  # only the preemption's save, and the last
+        crd.apply(training)
+        wait_for("step 2", reached_step(crd, ns, "background", 2), operator, timeout=420)
+        first = crd.get("rayjob", "background", ns)
+
+        urgent = tiny_training_job(tmp_path / "urgent", "urgent", ns, num_rollout=1)
+        urgent["metadata"]["annotations"] = {
+            "rljob.dev/entrypoint": "python -c 'import time; time.sleep(15)'"
+        }
+        urgent["spec"].update({"queueName": "one", "workloadPriorityClassName": high})
+        crd.apply(urgent)
+        wait_for(
+            "the training job preempted", in_phase(crd, ns, "background", "Queued"), operator, timeout=120
+        )
+        wait_for("the urgent job done", in_phase(crd, ns, "urgent", "Succeeded"), operator, timeout=300)
+
+        ckpt = Path(training["spec"]["checkpoint"]["path"])
+        saved = sorted(int(p.name.split("_")[1]) for p in ckpt.glob("iter_*") if (p / "complete").exists())
+        assert len(saved) == 1 and 2 <= saved[0] < total, saved
+        logs = ray_job_logs(crd, first["status"]["jobId"])
+        assert f"rljob-runtime: preempted after step {saved[0]};" in logs, logs[-3000:]
+
+        st = wait_for(
+            "the training job to finish",
+            in_phase(crd, ns, "background", "Succeeded", "Failed"),
+            operator,
+            timeout=600,
+        )
+        assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+        second = crd.get("rayjob", "background", ns)
+        assert f"resumed from step {saved[0]} " in ray_job_logs(crd, second["status"]["jobId"])
+        assert st["progress"]["stepText"] == f"{total}/{total}"
+    finally:
+        for obj in reversed(objects):
+            crd.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--wait=false", check=False)

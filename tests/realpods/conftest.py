@@ -55,6 +55,7 @@ def real_cluster(image_archives: dict[str, Path]) -> Iterator[Cluster]:
         "up",
         f"--name={NAME}",
         "--real-node",
+        "--install-deps",  # containerd, runc, conntrack from Debian's packages when missing (root)
         "--recreate",
         timeout=UP_TIMEOUT_S,
     )

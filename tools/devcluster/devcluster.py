@@ -32,7 +32,7 @@ from controlplane import create_nodes, install_kuberay_crds, start_control_plane
 from kuberay import start_operator
 from kueue import start_kueue, stop_kueue
 from procs import file_lock
-from ray_local import start_proxy, start_ray
+from ray_local import start_prestop, start_proxy, start_ray
 from realnode import install_packages, load_images, preflight, start_real_node
 from state import Ctx, health, load_state, make_ctx, save_state
 from teardown import teardown
@@ -117,6 +117,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             install_kuberay_crds(ctx)
             start_ray(ctx, state, args.ray_cpus)
             start_proxy(ctx, state)
+            start_prestop(ctx, state)
             start_operator(ctx, state)
             if args.kueue:
                 start_kueue(ctx, state)

@@ -137,3 +137,15 @@ def start_proxy(ctx: Ctx, state: dict[str, Any]) -> None:
     probe = f"http://probe-head-svc.default.svc.cluster.local:{RAY_DASHBOARD_PORT_IN_CLUSTER}/api/version"
     wait_for("dashboard proxy", lambda: http_get(probe, proxy=url)[0] == 200, 30, logfile, proc)
     log(f"dashboard proxy ready at {url}: *:{RAY_DASHBOARD_PORT_IN_CLUSTER} -> {LOOPBACK}:{dash}")
+
+
+def start_prestop(ctx: Ctx, state: dict[str, Any]) -> None:
+    """prestop.py: the head pods' preStop hook for the stand-in pods (a suspended RayJob's driver
+    gets SIGTERM, as in a real cluster)."""
+    logfile = ctx.logs / "prestop.log"
+    cmd = [sys.executable, str(HERE / "prestop.py"), f"--kubeconfig={ctx.kubeconfig}"]
+    proc = spawn(cmd, logfile, ctx.env())
+    state["prestop"] = {"pid": proc.pid, "log": str(logfile)}
+    save_state(ctx, state)
+    wait_for("preStop stand-in", lambda: "watching RayJobs" in logfile.read_text(), 30, logfile, proc)
+    log("preStop stand-in watching RayJobs (a suspended one's driver gets SIGTERM)")

@@ -28,6 +28,7 @@ def teardown(ctx: Ctx, state: dict[str, Any]) -> Path | None:
         ("kueue", "kueue", "kueue", 15.0),
         ("operator", "ray-operator", "ray-operator", 15.0),
         ("proxy", "dashboard proxy", "dashproxy.py", 15.0),
+        ("prestop", "preStop stand-in", "prestop.py", 5.0),
         ("ray", "ray head", "ray", 3.0),
     ):
         pid = state.get(key, {}).get("pid")

@@ -20,7 +20,14 @@ from pathlib import Path
 from recipe import DEBIAN_SUITE, ROOT, Recipe, base_hash, image_hash, package_lists, packages
 
 # Debian packages the builder runs (and `make images` installs when they are missing).
-BUILD_TOOLS = {"mmdebstrap": "mmdebstrap", "podman": "podman", "buildah": "buildah", "skopeo": "skopeo"}
+# runc: podman's default OCI runtime, for the in-image checks (Debian's podman may come with crun only).
+BUILD_TOOLS = {
+    "mmdebstrap": "mmdebstrap",
+    "podman": "podman",
+    "buildah": "buildah",
+    "skopeo": "skopeo",
+    "runc": "runc",
+}
 DEBIAN_MIRROR = os.environ.get("RLJOB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Where outbound HTTPS goes through an intercepting proxy, pip inside the build needs its CA.
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
