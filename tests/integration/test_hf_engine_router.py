@@ -30,8 +30,8 @@ import sglang_router  # noqa: F401  (the real router; launched as a process belo
 import torch
 import transformers
 
+from rljob_runtime import engine_api
 from rljob_runtime.models import make_tiny_model
-from rljob_runtime.rollout import protocol
 from rljob_runtime.sync.checksum import checksums
 
 HOST = "127.0.0.1"
@@ -179,7 +179,9 @@ def _restore(cluster: Cluster) -> Iterator[None]:
     yield
     for url in cluster.engines:
         post(f"{url}/continue_generation")
-        post(f"{url}/update_weights_from_disk", protocol.update_weights_from_disk_body(str(cluster.model_a)))
+        post(
+            f"{url}/update_weights_from_disk", engine_api.update_weights_from_disk_body(str(cluster.model_a))
+        )
 
 
 @contextlib.contextmanager
@@ -203,8 +205,8 @@ def reference_greedy(path: Path, prompt: list[int], n: int) -> tuple[list[int], 
 
 
 def greedy(url: str, n: int = 12) -> dict[str, Any]:
-    params = protocol.sampling_params(temperature=0.0, max_new_tokens=n, ignore_eos=True)
-    return post(f"{url}/generate", protocol.generate_body(input_ids=PROMPT, params=params))
+    params = engine_api.sampling_params(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+    return post(f"{url}/generate", engine_api.generate_body(input_ids=PROMPT, params=params))
 
 
 def served(url: str) -> int:
@@ -213,8 +215,8 @@ def served(url: str) -> int:
 
 def test_generate_through_router_round_robin(cluster: Cluster) -> None:
     before = [served(url) for url in cluster.engines]
-    params = protocol.sampling_params(temperature=1.0, top_p=0.9, max_new_tokens=16, ignore_eos=True)
-    bodies = [protocol.generate_body(input_ids=PROMPT[: 3 + i % 4], params=params) for i in range(8)]
+    params = engine_api.sampling_params(temperature=1.0, top_p=0.9, max_new_tokens=16, ignore_eos=True)
+    bodies = [engine_api.generate_body(input_ids=PROMPT[: 3 + i % 4], params=params) for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda b: post(f"{cluster.router}/generate", b), bodies))
     for body, answer in zip(bodies, answers, strict=True):
@@ -237,19 +239,19 @@ def test_generate_through_router_round_robin(cluster: Cluster) -> None:
 
 def test_text_input_stop_and_seed(cluster: Cluster) -> None:
     url = cluster.engines[0]
-    params = protocol.sampling_params(temperature=0.8, max_new_tokens=10, ignore_eos=True, sampling_seed=7)
-    first = post(f"{url}/generate", protocol.generate_body(text="What is 2+3?", params=params))
+    params = engine_api.sampling_params(temperature=0.8, max_new_tokens=10, ignore_eos=True, sampling_seed=7)
+    first = post(f"{url}/generate", engine_api.generate_body(text="What is 2+3?", params=params))
     second = post(
-        f"{cluster.engines[1]}/generate", protocol.generate_body(text="What is 2+3?", params=params)
+        f"{cluster.engines[1]}/generate", engine_api.generate_body(text="What is 2+3?", params=params)
     )
     assert first["meta_info"]["prompt_tokens"] == len(PROMPT)
     assert first["output_ids"] == second["output_ids"], "same sampling_seed, same weights: same tokens"
     # stop on the 3rd generated token id: finishes with 'stop', the token kept in output_ids, trimmed from text
     stop_id = first["output_ids"][2]
-    params = protocol.sampling_params(
+    params = engine_api.sampling_params(
         temperature=0.8, max_new_tokens=10, stop_token_ids=[stop_id], sampling_seed=7
     )
-    stopped = post(f"{url}/generate", protocol.generate_body(text="What is 2+3?", params=params))
+    stopped = post(f"{url}/generate", engine_api.generate_body(text="What is 2+3?", params=params))
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
     assert stopped["output_ids"] == first["output_ids"][: first["output_ids"].index(stop_id) + 1]
 
@@ -271,7 +273,7 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
         wait_for("flush_cache", lambda u=url: http("POST", f"{u}/flush_cache")[0] == 200, timeout=10)
         answer = post(
             f"{url}/update_weights_from_disk",
-            protocol.update_weights_from_disk_body(str(cluster.model_b), weight_version="2"),
+            engine_api.update_weights_from_disk_body(str(cluster.model_b), weight_version="2"),
         )
         assert answer["success"] is True
         post(f"{url}/continue_generation")
@@ -288,8 +290,8 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
     with reference_model(cluster.model_a) as model:
         named = list(model.state_dict().items())
     for url, flat, version in [(cluster.engines[0], False, "3"), (cluster.engines[1], True, "3")]:
-        data = protocol.serialize_named_tensors(named, flattened_bucket=flat)
-        body = protocol.update_weights_from_tensor_body(
+        data = engine_api.serialize_named_tensors(named, flattened_bucket=flat)
+        body = engine_api.update_weights_from_tensor_body(
             [data], load_format="flattened_bucket" if flat else None, weight_version=version
         )
         assert post(f"{url}/update_weights_from_tensor", body)["success"] is True
@@ -304,20 +306,20 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
     # weight-update groups: bad requests are refused with what is wrong, before anything blocks
     status, answer = http("POST", f"{cluster.engines[0]}/init_weights_update_group", {"master_port": 1})
     assert status == 400 and "master_address" in answer["message"] and "world_size" in answer["message"]
-    nccl = protocol.init_weights_update_group_body(
+    nccl = engine_api.init_weights_update_group_body(
         master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, group_name="g"
     )
     status, answer = http("POST", f"{cluster.engines[0]}/init_weights_update_group", nccl)
     assert status == 400 and "needs a CUDA engine" in answer["message"]
-    body = protocol.update_weights_from_distributed_body(
+    body = engine_api.update_weights_from_distributed_body(
         names=["model.norm.weight"], dtypes=["float32"], shapes=[[64]], group_name="g"
     )
     status, answer = http("POST", f"{cluster.engines[0]}/update_weights_from_distributed", body)
     assert status == 400 and "POST /init_weights_update_group first" in answer["message"]
     status, answer = http("POST", f"{cluster.engines[0]}/destroy_weights_update_group", {"group_name": "g"})
     assert status == 400 and "no group 'g'" in answer["message"]
-    bad = protocol.update_weights_from_tensor_body(
-        [protocol.serialize_named_tensors([("nope", torch.zeros(2))])]
+    bad = engine_api.update_weights_from_tensor_body(
+        [engine_api.serialize_named_tensors([("nope", torch.zeros(2))])]
     )
     status, answer = http("POST", f"{cluster.engines[0]}/update_weights_from_tensor", bad)
     assert status == 400 and "nope" in answer["message"]
@@ -325,8 +327,8 @@ def test_update_weights_from_disk_and_tensor(cluster: Cluster) -> None:
 
 
 def _long_request(url: str, rid: str, results: dict[str, Any]) -> threading.Thread:
-    params = protocol.sampling_params(temperature=1.0, max_new_tokens=1500, ignore_eos=True)
-    body = protocol.generate_body(input_ids=PROMPT, params=params, rid=rid)
+    params = engine_api.sampling_params(temperature=1.0, max_new_tokens=1500, ignore_eos=True)
+    body = engine_api.generate_body(input_ids=PROMPT, params=params, rid=rid)
     thread = threading.Thread(
         target=lambda: results.__setitem__(rid, post(f"{url}/generate", body, timeout=120))
     )
@@ -344,7 +346,7 @@ def test_abort_and_flush_cache(cluster: Cluster) -> None:
     thread = _long_request(url, "long-1", results)
     wait_for("request running", lambda: _running(url) == 1, timeout=10)
     assert http("GET", f"{url}/flush_cache")[0] == 400, "flush_cache must fail while a request runs"
-    post(f"{url}/abort_request", protocol.abort_body(rid="long-1"))
+    post(f"{url}/abort_request", engine_api.abort_body(rid="long-1"))
     thread.join(timeout=30)
     meta = results["long-1"]["meta_info"]
     assert meta["finish_reason"]["type"] == "abort"
@@ -354,7 +356,7 @@ def test_abort_and_flush_cache(cluster: Cluster) -> None:
     # abort_all through the engine, two requests at once
     threads = [_long_request(url, f"long-{i}", results) for i in (2, 3)]
     wait_for("requests running", lambda: _running(url) == 2, timeout=10)
-    post(f"{url}/abort_request", protocol.abort_body())
+    post(f"{url}/abort_request", engine_api.abort_body())
     for t in threads:
         t.join(timeout=30)
     assert all(results[f"long-{i}"]["meta_info"]["finish_reason"]["type"] == "abort" for i in (2, 3))
@@ -363,14 +365,14 @@ def test_abort_and_flush_cache(cluster: Cluster) -> None:
 def test_pause_in_place_then_continue(cluster: Cluster) -> None:
     url = cluster.engines[1]
     results: dict[str, Any] = {}
-    params = protocol.sampling_params(temperature=1.0, max_new_tokens=400, ignore_eos=True)
-    body = protocol.generate_body(input_ids=PROMPT, params=params, rid="paused-1")
+    params = engine_api.sampling_params(temperature=1.0, max_new_tokens=400, ignore_eos=True)
+    body = engine_api.generate_body(input_ids=PROMPT, params=params, rid="paused-1")
     thread = threading.Thread(
         target=lambda: results.__setitem__("r", post(f"{url}/generate", body, timeout=120))
     )
     thread.start()
     wait_for("request running", lambda: _running(url) == 1, timeout=10)
-    post(f"{url}/pause_generation", protocol.pause_body("in_place"))
+    post(f"{url}/pause_generation", engine_api.pause_body("in_place"))
     assert http("POST", f"{url}/flush_cache")[0] == 400, "in_place keeps the request: flush must fail"
     time.sleep(0.3)
     assert "r" not in results and thread.is_alive()
@@ -386,7 +388,7 @@ def test_pause_abort_holds_new_requests(cluster: Cluster) -> None:
     results: dict[str, Any] = {}
     thread = _long_request(url, "held-1", results)
     wait_for("request running", lambda: _running(url) == 1, timeout=10)
-    post(f"{url}/pause_generation", protocol.pause_body())  # default mode: abort in-flight requests
+    post(f"{url}/pause_generation", engine_api.pause_body())  # default mode: abort in-flight requests
     thread.join(timeout=30)
     assert results["held-1"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert http("POST", f"{url}/flush_cache")[0] == 200, "pause (abort) returns once the engine is idle"
@@ -395,7 +397,7 @@ def test_pause_abort_holds_new_requests(cluster: Cluster) -> None:
     time.sleep(0.5)
     assert "later" not in results, "a request sent while paused must wait for continue_generation"
     for path in ("/release_memory_occupation", "/resume_memory_occupation"):
-        post(f"{url}{path}", protocol.memory_occupation_body())
+        post(f"{url}{path}", engine_api.memory_occupation_body())
     post(f"{url}/continue_generation")
     later.join(timeout=30)
     assert results["later"]["meta_info"]["completion_tokens"] == 4

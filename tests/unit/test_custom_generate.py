@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rljob_runtime import engine_api
 from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.rollout import custom_generate as cg
-from rljob_runtime.rollout import protocol
 from rljob_runtime.rollout.generate import GenerationError, RetryPolicy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ class ScriptedContext(cg.GenerateContext):
 
 
 CALCULATOR = cg.Hook(calculator_tool.generate, "calculator_tool:generate")
-PARAMS = protocol.sampling_params(max_new_tokens=200, stop=["\n\n"])
+PARAMS = engine_api.sampling_params(max_new_tokens=200, stop=["\n\n"])
 
 
 def run(ctx: cg.GenerateContext, hook: cg.Hook = CALCULATOR, sample: Sample | None = None) -> Sample:

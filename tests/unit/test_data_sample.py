@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from rljob_runtime import engine_api
 from rljob_runtime.data.sample import Sample, Status, stale_token_mask, version_number
-from rljob_runtime.rollout import protocol
 
 
 def test_sample_json_round_trip() -> None:
@@ -57,7 +57,7 @@ def test_a_checkpoint_from_before_token_versions_still_loads() -> None:
 @pytest.mark.parametrize(
     ("label", "number"),
     [
-        (protocol.DEFAULT_WEIGHT_VERSION, 0),
+        (engine_api.DEFAULT_WEIGHT_VERSION, 0),
         ("default", 0),
         ("0", 0),
         ("3", 3),

@@ -21,9 +21,9 @@ import pytest
 import torch
 from aiohttp import web
 
+from rljob_runtime import engine_api
 from rljob_runtime.data.sample import Sample, Status, stale_token_mask
 from rljob_runtime.models import make_tiny_model
-from rljob_runtime.rollout import protocol
 from rljob_runtime.rollout.generate import RetryPolicy, generate_one, generate_samples
 from rljob_runtime.rollout.hf_engine import HFEngine, Request, SamplingParams
 from rljob_runtime.rollout.hf_server import HFServer
@@ -31,7 +31,7 @@ from rljob_runtime.rollout.hf_server import HFServer
 PROMPT = [1780, 314, 216, 34, 27, 35, 47]  # "What is 2+3?" in SmolLM2's tokenizer
 N = 64  # about a second of decoding on 2 CPU cores: room to abort mid-request
 AFTER = 4  # abort once the request holds at least this many tokens
-PARAMS = protocol.sampling_params(temperature=0.0, max_new_tokens=N, ignore_eos=True)
+PARAMS = engine_api.sampling_params(temperature=0.0, max_new_tokens=N, ignore_eos=True)
 RETRY = RetryPolicy(max_attempts=3, backoff_s=0.01)
 
 
@@ -117,7 +117,7 @@ def test_an_aborted_greedy_response_continues_to_the_uninterrupted_tokens(
             generate_one(http, url, sample, PARAMS, retry=RETRY, cancelled=lambda: True)
         )
         await running_with_output(http, url)
-        await post(http, f"{url}/abort_request", protocol.abort_body())
+        await post(http, f"{url}/abort_request", engine_api.abort_body())
         await task
         kept.update(
             status=sample.status,
@@ -127,7 +127,9 @@ def test_an_aborted_greedy_response_continues_to_the_uninterrupted_tokens(
             versions=list(sample.token_versions),
         )
         if new_version is not None:
-            await post(http, f"{url}/update_weight_version", protocol.update_weight_version_body(new_version))
+            await post(
+                http, f"{url}/update_weight_version", engine_api.update_weight_version_body(new_version)
+            )
         return await generate_one(http, url, sample, PARAMS, retry=RETRY)
 
     sample = run(engine, scenario)
@@ -165,11 +167,11 @@ def test_a_weight_update_pause_continues_or_restarts_the_response(
             )
         )
         await running_with_output(http, url)
-        await post(http, f"{url}/pause_generation", protocol.pause_body("abort"))
+        await post(http, f"{url}/pause_generation", engine_api.pause_body("abort"))
         await wait_loads(
             http, url, "the retry held by the paused engine", lambda load: load["num_waiting_reqs"] == 1
         )
-        await post(http, f"{url}/update_weight_version", protocol.update_weight_version_body("1"))
+        await post(http, f"{url}/update_weight_version", engine_api.update_weight_version_body("1"))
         await post(http, f"{url}/continue_generation", {})
         await task
         return sample

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from rljob_api.spec_rollout import RolloutSpec
+from rljob_runtime import engine_api
 from rljob_runtime.data.sample import Sample, Status, stale_token_mask
-from rljob_runtime.rollout import protocol
 from rljob_runtime.rollout.generate import (
     GenerationError,
     RetryPolicy,
@@ -50,10 +50,10 @@ def test_sampling_params_follow_the_rollout_spec() -> None:
         }
     )
     params = sampling_params_from_spec(spec)
-    assert params == protocol.sampling_params(
+    assert params == engine_api.sampling_params(
         temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=33, stop=["\n\n"], stop_token_ids=[2]
     )
-    assert set(params) <= protocol.SAMPLING_PARAM_FIELDS
+    assert set(params) <= engine_api.SAMPLING_PARAM_FIELDS
     # empty stop lists are left out; overrides win
     plain = sampling_params_from_spec(RolloutSpec(), temperature=0.0, ignore_eos=True)
     assert "stop" not in plain and "stop_token_ids" not in plain
@@ -61,9 +61,9 @@ def test_sampling_params_follow_the_rollout_spec() -> None:
 
 
 def test_request_body_uses_prompt_ids_and_logprobs() -> None:
-    params = protocol.sampling_params(max_new_tokens=4)
+    params = engine_api.sampling_params(max_new_tokens=4)
     body = request_body(Sample(index=0, prompt="hi", prompt_ids=[5, 6, 7]), params)
-    assert body == protocol.generate_body(input_ids=[5, 6, 7], params=params, return_logprob=True)
+    assert body == engine_api.generate_body(input_ids=[5, 6, 7], params=params, return_logprob=True)
     assert body["return_logprob"] is True and "text" not in body
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         request_body(Sample(index=3, prompt="hi"), params)
@@ -120,7 +120,7 @@ def _partial(ids: list[int], status: Status = Status.ABORTED, version: int = 0) 
 
 
 def test_request_body_continues_a_partial_response_within_the_budget() -> None:
-    params = protocol.sampling_params(max_new_tokens=5, temperature=0.0)
+    params = engine_api.sampling_params(max_new_tokens=5, temperature=0.0)
     shared = dict(params)
     body = request_body(_partial([10, 11]), params)
     assert body["input_ids"] == [5, 6, 10, 11] and body["sampling_params"]["max_new_tokens"] == 3
@@ -225,7 +225,7 @@ async def _with_server(script: Script, run: Callable[[str], Any]) -> tuple[Any, 
 
 
 FAST = RetryPolicy(max_attempts=4, backoff_s=0.01)
-PARAMS = protocol.sampling_params(max_new_tokens=3)
+PARAMS = engine_api.sampling_params(max_new_tokens=3)
 
 
 def _samples(n: int) -> list[Sample]:
@@ -353,7 +353,7 @@ def _always_abort(call: int, body: dict[str, Any]) -> web.StreamResponse:
 
 def test_continued_aborts_are_bounded() -> None:
     bounded = RetryPolicy(max_attempts=2, max_abort_retries=1)
-    params = protocol.sampling_params(max_new_tokens=9)
+    params = engine_api.sampling_params(max_new_tokens=9)
     with pytest.raises(GenerationError, match="sample 0: aborted 2 times"):
         asyncio.run(
             _with_server(

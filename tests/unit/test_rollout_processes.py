@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from sglang_router.launch_router import parse_router_args
 
+from rljob_runtime import engine_api
 from rljob_runtime.net import free_port
-from rljob_runtime.rollout import procs, protocol
+from rljob_runtime.rollout import procs
 from rljob_runtime.rollout.engine_actor import COLOCATED_FRACTION, actor_options, engine_command, engine_seed
 from rljob_runtime.rollout.hf_server import build_parser
 from rljob_runtime.rollout.router import router_command
@@ -80,7 +81,7 @@ def test_sglang_engine_command_uses_launch_flags_and_extra_args() -> None:
     )
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
     flags = [a[2:] for a in cmd[3:] if a.startswith("--")]
-    assert set(flags) - {"enable-metrics"} <= protocol.LAUNCH_FLAGS
+    assert set(flags) - {"enable-metrics"} <= engine_api.LAUNCH_FLAGS
     text = " ".join(cmd)
     for part in ("--tp-size 2", "--base-gpu-id 4", "--mem-fraction-static 0.7", "--dtype bfloat16"):
         assert part in text

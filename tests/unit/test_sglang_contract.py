@@ -2,7 +2,7 @@
 
 The `sglang` wheel is installed with `pip install --no-deps sglang` (CI does this) and never
 imported: its files are located with `importlib.util.find_spec` (which runs no package code) and
-parsed with `ast`. The request bodies and launch flags come from `rljob_runtime.rollout.protocol`,
+parsed with `ast`. The request bodies and launch flags come from `rljob_runtime.engine_api`,
 the one place the runtime builds them.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rljob_runtime.rollout import protocol
+from rljob_runtime import engine_api
 from rljob_runtime.sync.nccl import BucketSpec
 
 INSTALL_HINT = (
@@ -91,9 +91,9 @@ def server_args_fields() -> set[str]:
     return fields
 
 
-@pytest.mark.parametrize("path", sorted(protocol.REQUEST_BODIES))
+@pytest.mark.parametrize("path", sorted(engine_api.REQUEST_BODIES))
 def test_request_fields_exist_in_sglang(path: str) -> None:
-    class_name, sent = protocol.REQUEST_BODIES[path]
+    class_name, sent = engine_api.REQUEST_BODIES[path]
     classes = io_struct_classes()
     assert class_name in classes, f"{path}: SGLang has no class {class_name} in io_struct.py"
     missing = sent - _fields(classes, class_name)
@@ -113,13 +113,13 @@ def test_sampling_params_exist_in_sglang() -> None:
     )
     if init is not None:  # older SGLang: a plain class whose __init__ takes the parameters
         known |= {a.arg for a in init.args.args + init.args.kwonlyargs}
-    missing = protocol.SAMPLING_PARAM_FIELDS - known
+    missing = engine_api.SAMPLING_PARAM_FIELDS - known
     assert not missing, f"sampling_params {sorted(missing)} are not SGLang SamplingParams fields"
 
 
 def test_launch_flags_are_server_args() -> None:
     known = server_args_fields()
-    missing = {flag for flag in protocol.LAUNCH_FLAGS if flag.replace("-", "_") not in known}
+    missing = {flag for flag in engine_api.LAUNCH_FLAGS if flag.replace("-", "_") not in known}
     assert not missing, f"launch flags {sorted(missing)} are not SGLang ServerArgs fields"
 
 
@@ -127,50 +127,52 @@ def test_builders_send_only_declared_fields() -> None:
     """The field lists above are the truth only if the body builders stay inside them."""
     bodies = {
         "/generate": [
-            protocol.generate_body(input_ids=[1, 2], params=protocol.sampling_params(stop=["x"]), rid="r"),
-            protocol.generate_body(text="hi"),
+            engine_api.generate_body(
+                input_ids=[1, 2], params=engine_api.sampling_params(stop=["x"]), rid="r"
+            ),
+            engine_api.generate_body(text="hi"),
         ],
-        "/abort_request": [protocol.abort_body(), protocol.abort_body(rid="r")],
-        "/pause_generation": [protocol.pause_body(), protocol.pause_body("retract")],
+        "/abort_request": [engine_api.abort_body(), engine_api.abort_body(rid="r")],
+        "/pause_generation": [engine_api.pause_body(), engine_api.pause_body("retract")],
         "/continue_generation": [{}],
         "/update_weights_from_disk": [
-            protocol.update_weights_from_disk_body("/m", weight_version="2", load_format="auto")
+            engine_api.update_weights_from_disk_body("/m", weight_version="2", load_format="auto")
         ],
         "/update_weights_from_tensor": [
-            protocol.update_weights_from_tensor_body(
+            engine_api.update_weights_from_tensor_body(
                 ["x"], load_format="flattened_bucket", weight_version="3"
             )
         ],
         "/init_weights_update_group": [
-            protocol.init_weights_update_group_body(
+            engine_api.init_weights_update_group_body(
                 master_address="h", master_port=1, rank_offset=1, world_size=2, group_name="g"
             )
         ],
         "/update_weights_from_distributed": [
-            protocol.update_weights_from_distributed_body(
+            engine_api.update_weights_from_distributed_body(
                 names=["a"], dtypes=["bfloat16"], shapes=[[2, 2]], group_name="g", weight_version="4"
             ),
-            protocol.update_weights_from_distributed_body(
+            engine_api.update_weights_from_distributed_body(
                 names=["a"], dtypes=["bfloat16"], shapes=[[2]], group_name="g", load_format="flattened_bucket"
             ),
             BucketSpec(("a",), ("bfloat16",), ((2, 2),)).body("g", "5"),
         ],
-        "/destroy_weights_update_group": [protocol.destroy_weights_update_group_body("g")],
-        "/update_weight_version": [protocol.update_weight_version_body("6")],
+        "/destroy_weights_update_group": [engine_api.destroy_weights_update_group_body("g")],
+        "/update_weight_version": [engine_api.update_weight_version_body("6")],
         "/release_memory_occupation": [
-            protocol.memory_occupation_body(),
-            protocol.memory_occupation_body(["weights"]),
+            engine_api.memory_occupation_body(),
+            engine_api.memory_occupation_body(["weights"]),
         ],
-        "/resume_memory_occupation": [protocol.memory_occupation_body(["kv_cache", "cuda_graph"])],
+        "/resume_memory_occupation": [engine_api.memory_occupation_body(["kv_cache", "cuda_graph"])],
     }
-    assert set(bodies) == set(protocol.REQUEST_BODIES)
+    assert set(bodies) == set(engine_api.REQUEST_BODIES)
     for path, examples in bodies.items():
         for body in examples:
-            extra = set(body) - protocol.REQUEST_BODIES[path][1]
+            extra = set(body) - engine_api.REQUEST_BODIES[path][1]
             assert not extra, f"{path} builder sends undeclared fields {sorted(extra)}"
             if "sampling_params" in body:
-                assert set(body["sampling_params"]) <= protocol.SAMPLING_PARAM_FIELDS
-    args = protocol.sglang_launch_args(
+                assert set(body["sampling_params"]) <= engine_api.SAMPLING_PARAM_FIELDS
+    args = engine_api.sglang_launch_args(
         model_path="/m",
         tokenizer_path="/t",
         trust_remote_code=True,
@@ -183,7 +185,7 @@ def test_builders_send_only_declared_fields() -> None:
         random_seed=1,
     )
     flags = {arg[2:] for arg in args if arg.startswith("--")}
-    assert flags <= protocol.LAUNCH_FLAGS
+    assert flags <= engine_api.LAUNCH_FLAGS
     assert (
         args[:2] == ["--model-path", "/m"]
         and "--enable-memory-saver" in args

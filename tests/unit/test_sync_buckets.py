@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from rljob_runtime.rollout import protocol
+from rljob_runtime import engine_api
+from rljob_runtime.rollout.hf_weights import decode_named_tensors
 from rljob_runtime.sync.buckets import (
     METADATA_KEYS,
     flatten_bucket,
@@ -195,9 +196,9 @@ def test_the_nccl_bucket_is_what_sglangs_receiver_allocates() -> None:
 
 
 def test_cpu_format_still_reads_and_ipc_payloads_are_told_apart() -> None:
-    data = protocol.serialize_named_tensors([("w", torch.ones(3))], flattened_bucket=True)
+    data = engine_api.serialize_named_tensors([("w", torch.ones(3))], flattened_bucket=True)
     assert not is_ipc_payload(base64.b64decode(data))
-    assert torch.equal(protocol.deserialize_named_tensors(data, "flattened_bucket")[0][1], torch.ones(3))
+    assert torch.equal(decode_named_tensors(data, "flattened_bucket")[0][1], torch.ones(3))
     assert is_ipc_payload(pickle.dumps({"flattened_tensor": None}))
 
 
@@ -209,7 +210,7 @@ class _Evil:
 def test_the_ipc_unpickler_refuses_arbitrary_globals() -> None:
     data = base64.b64encode(pickle.dumps({"flattened_tensor": _Evil(), "metadata": []})).decode()
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        protocol.deserialize_named_tensors(data, "flattened_bucket")
+        decode_named_tensors(data, "flattened_bucket")
 
 
 def test_the_ipc_unpickler_accepts_torch_types_but_wants_a_tensor() -> None:
@@ -233,7 +234,7 @@ def test_the_servers_loader_reads_a_bucket_into_the_engine() -> None:
     engine = HFEngine.__new__(HFEngine)  # the weight loader alone: no model directory
     engine.lock = threading.Lock()
     engine.named_weights = lambda: params  # type: ignore[method-assign]
-    data = protocol.serialize_named_tensors([("a", torch.ones(2, 2))], flattened_bucket=True)
+    data = engine_api.serialize_named_tensors([("a", torch.ones(2, 2))], flattened_bucket=True)
     timings: dict[str, float] = {}
     assert load_serialized_tensors(engine, data, "flattened_bucket", timings) == 1
     assert torch.equal(params["a"], torch.ones(2, 2)) and not params["b"].any()

@@ -224,11 +224,11 @@ def test_the_cpu_tensor_format_carries_the_whole_model_in_one_request() -> None:
     metrics = TensorTransport().push(Trainer(log), Rollout(log), 3)
     post = next(e for e in log if e[0] == "post")
     assert post[1] == "/update_weights_from_tensor" and metrics["sync/bytes"] == (4 + 3) * 4
-    from rljob_runtime.rollout import protocol
+    from rljob_runtime import engine_api
 
     body = post[2]["http://a"]
     (data,) = body["serialized_named_tensors"]
-    assert dict(protocol.deserialize_named_tensors(data, None)).keys() == {"w", "b"}
+    assert dict(engine_api.deserialize_named_tensors(data, None)).keys() == {"w", "b"}
 
 
 def test_disk_writes_safetensors_with_the_config_and_a_relaunch_reloads_them(tmp_path: Path) -> None:

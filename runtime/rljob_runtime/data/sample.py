@@ -11,7 +11,7 @@ from typing import Any
 
 ChatMessages = list[dict[str, Any]]
 
-# SGLang's label for the weights an engine started with (rollout.protocol.DEFAULT_WEIGHT_VERSION;
+# SGLang's label for the weights an engine started with (engine_api.DEFAULT_WEIGHT_VERSION;
 # spelled out so data/ does not import rollout/)
 _INITIAL_LABEL = "default"
 _STEP_LABEL = re.compile(r"[0-9]+")

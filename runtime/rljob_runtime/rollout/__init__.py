@@ -1,2 +1,2 @@
 """Rollout: engines that speak SGLang's HTTP API (real SGLang, or our transformers-backed ``hf``
-engine), the request bodies the runtime sends them (``protocol``), and the router in front."""
+engine) and the router in front; the request bodies sent to them are ``rljob_runtime.engine_api``."""

@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
+from .. import engine_api
 from ..data.rewards.custom import import_function
 from ..data.sample import Sample, Status
-from . import protocol
 from .generate import (
     GenerationError,
     Hold,
@@ -216,7 +216,7 @@ class GenerateContext:
             raise GenerationAborted(self.what)
         if not input_ids:
             raise ValueError(f"{self.what}: input_ids is empty")
-        body = protocol.generate_body(input_ids=input_ids, params=sampling_params, return_logprob=True)
+        body = engine_api.generate_body(input_ids=input_ids, params=sampling_params, return_logprob=True)
         response, tries = await post_generate(
             self.session,
             self.url,

@@ -29,9 +29,10 @@ import ray
 
 from rljob_api.support import HF_SGLANG_ARGS
 
+from .. import engine_api
 from ..models import model_on_this_node, tokenizer_on_this_node
 from ..net import free_port
-from . import procs, protocol
+from . import procs
 
 EngineKind = Literal["hf", "sglang"]
 
@@ -85,7 +86,7 @@ def engine_command(
     }
     extra.setdefault("dtype", dtype)
     extra.setdefault("random-seed", seed)
-    args = protocol.sglang_launch_args(
+    args = engine_api.sglang_launch_args(
         model_path=model_path,
         tokenizer_path=tokenizer_path,
         trust_remote_code=trust_remote_code,

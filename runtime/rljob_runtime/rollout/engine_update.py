@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import protocol
+from .. import engine_api
 from .errors import EngineGone, WeightUpdateError
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class EngineUpdate:
         started = time.perf_counter()
 
         async def prepare(url: str) -> None:
-            await self._send(url, "/pause_generation", protocol.pause_body())
+            await self._send(url, "/pause_generation", engine_api.pause_body())
             await self._manager._wait_idle(url, FLUSH_ATTEMPTS, FLUSH_BACKOFF_S)
 
         results = await asyncio.gather(*(prepare(u) for u in self.urls), return_exceptions=True)
@@ -136,7 +136,9 @@ class EngineUpdate:
 
         async def finish(url: str) -> None:
             if version is not None:
-                await self._send(url, "/update_weight_version", protocol.update_weight_version_body(version))
+                await self._send(
+                    url, "/update_weight_version", engine_api.update_weight_version_body(version)
+                )
             if not self.fresh:
                 await self._send(url, "/continue_generation", {})
 

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from .. import engine_api
 from ..data.sample import Sample, Status, version_number
-from . import protocol
 
 if TYPE_CHECKING:
     from rljob_api.spec_rollout import RolloutSpec
@@ -86,7 +86,7 @@ def sampling_params_from_spec(rollout: RolloutSpec, **overrides: Any) -> dict[st
         stop_token_ids=list(rollout.stop_token_ids) or None,
     )
     params.update(overrides)
-    return protocol.sampling_params(**params)
+    return engine_api.sampling_params(**params)
 
 
 def tokens_left(sample: Sample, params: dict[str, Any]) -> int | None:
@@ -107,11 +107,11 @@ def request_body(sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
     if not sample.prompt_ids:
         raise ValueError(f"sample {sample.index}: prompt_ids is empty (tokenize prompts before rollout)")
     if not sample.resumable:
-        return protocol.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
+        return engine_api.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
     left = tokens_left(sample, params)
     if left is not None:
         params = {**params, "max_new_tokens": max(0, left)}
-    return protocol.generate_body(input_ids=sample.tokens, params=params, return_logprob=True)
+    return engine_api.generate_body(input_ids=sample.tokens, params=params, return_logprob=True)
 
 
 def finish_type(response: dict[str, Any]) -> str | None:

@@ -25,7 +25,7 @@ Endpoints and how they differ from SGLang (see docs/runtime-env.md and SGLang's 
   no prefix cache, so success does nothing else.
 - ``POST /update_weights_from_disk`` ``{model_path, weight_version}``: loads the safetensors of an HF
   directory of the same architecture. ``POST /update_weights_from_tensor``: our CPU format (see
-  ``protocol.serialize_named_tensors``) or a CUDA IPC bucket (``sync/cuda_ipc.py``). Both wait for the running batch and bump
+  ``engine_api.serialize_named_tensors``) or a CUDA IPC bucket (``sync/cuda_ipc.py``). Both wait for the running batch and bump
   ``weight_version`` when given.
 - ``/release_memory_occupation``, ``/resume_memory_occupation``: no-ops (200).
 - ``POST /init_weights_update_group`` ``{master_address, master_port, rank_offset, world_size,
@@ -63,7 +63,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from . import protocol
+from .. import engine_api
 from .hf_engine import HFEngine, Request, SamplingParams
 from .hf_weights import WeightEndpoints
 from .http_util import bad_request, json_or_empty
@@ -91,7 +91,7 @@ class HFServer(WeightEndpoints):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.args = args
-        self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
+        self.weight_version = engine_api.DEFAULT_WEIGHT_VERSION
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.futures: dict[str, asyncio.Future[Request]] = {}

@@ -7,6 +7,7 @@ the batch that is running, and answers with its own phase timings (``timings_ms`
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,9 +15,21 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from . import protocol
+from .. import engine_api
+from ..sync import cuda_ipc
 from .hf_engine import HFEngine
 from .http_util import bad_request, json_or_empty
+
+
+def decode_named_tensors(data: str, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    """One ``serialized_named_tensors`` string: a CUDA IPC bucket (``sync/cuda_ipc.py``; its views
+    point into the producer's GPU memory, to be copied out before answering) or rljob's CPU format
+    (``engine_api.serialize_named_tensors``)."""
+    if load_format == "flattened_bucket":
+        raw = base64.b64decode(data)
+        if cuda_ipc.is_ipc_payload(raw):
+            return cuda_ipc.decode_bucket(raw)
+    return engine_api.deserialize_named_tensors(data, load_format)
 
 
 def load_serialized_tensors(
@@ -37,7 +50,7 @@ def load_serialized_tensors(
             timings[phase] = round((now - clock) * 1e3, 3)
         clock = now
 
-    named = protocol.deserialize_named_tensors(data, load_format)
+    named = decode_named_tensors(data, load_format)
     on_gpu = any(t.is_cuda for _, t in named)
     mark("decode_ms")
     count = engine.load_named_tensors(named)

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aiohttp
 import ray
 
+from .. import engine_api
 from ..data.sample import Sample
 from ..models import resolve_tokenizer
-from . import protocol
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options, engine_seed
 from .engine_update import EngineUpdate
@@ -81,7 +81,7 @@ class RolloutManager:
         self.concurrency = concurrency
         self.max_restarts = int(spec.fault_tolerance.max_engine_restarts)
         self.restarts = 0
-        self.weight_version = protocol.DEFAULT_WEIGHT_VERSION
+        self.weight_version = engine_api.DEFAULT_WEIGHT_VERSION
         # bumped whenever an engine is relaunched: a weight-update group joined before is stale then
         self.membership_epoch = 0
         self._fatal: BaseException | None = None
@@ -357,7 +357,7 @@ class RolloutManager:
         async def run() -> None:
             await asyncio.gather(
                 *(
-                    self._engine_request(e.url, "POST", "/abort_request", protocol.abort_body())
+                    self._engine_request(e.url, "POST", "/abort_request", engine_api.abort_body())
                     for e in self._live()
                 ),
                 return_exceptions=True,
@@ -485,7 +485,7 @@ class RolloutManager:
 
     async def _push_current_weights(self, url: str, index: int) -> None:
         """Bring a relaunched engine (not yet registered) to the current weight version."""
-        if self.weight_version == protocol.DEFAULT_WEIGHT_VERSION:
+        if self.weight_version == engine_api.DEFAULT_WEIGHT_VERSION:
             return  # never updated: the relaunched engine loaded the initial weights
         if self.refresher is None:
             raise WeightUpdateError(
@@ -570,7 +570,7 @@ class RolloutManager:
         """Label the engines' current weights (a resumed run's engines loaded its checkpoint)."""
         self._raise_if_failed()
         self.weight_version = str(version)
-        body = protocol.update_weight_version_body(self.weight_version)
+        body = engine_api.update_weight_version_body(self.weight_version)
         self._call(self._all_live("POST", "/update_weight_version", lambda _url: body))
 
     def engine_tp_sizes(self) -> dict[str, int]:
@@ -629,7 +629,7 @@ class RolloutManager:
                 if idle_first:
                     await self._wait_idle(engine.url, 120, 0.5)
                 for tags in tag_sets:
-                    await self._expect(engine.url, "POST", path, protocol.memory_occupation_body(tags))
+                    await self._expect(engine.url, "POST", path, engine_api.memory_occupation_body(tags))
 
         await asyncio.gather(*(one(e) for e in self._live()))
 

@@ -12,7 +12,7 @@ handle plus offsets; no data travels. Two codecs fill ``metadata``:
   ``monkey_patch_torch_reductions``, which names the producer's GPU by UUID so an engine that sees
   another set of devices opens the handle on the right one. Imports SGLang, which the runtime image
   has wherever engines are SGLang.
-- ``rljob``: plain dicts, for our ``hf`` engine (no SGLang needed); ``rollout/protocol.py`` tells the
+- ``rljob``: plain dicts, for our ``hf`` engine (no SGLang needed); ``engine_api.py`` tells the
   payload from our CPU format (a ``torch.save`` zip) by its first bytes.
 
 Lifetime: the producer (``IpcProducer``, in trainer rank 0's process) keeps a bucket until the

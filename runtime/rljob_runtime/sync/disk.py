@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..rollout import protocol
+from .. import engine_api
 from .base import (
     EngineUpdateLike,
     Metrics,
@@ -53,7 +53,7 @@ class DiskTransport(WeightTransport):
             named = trainer.named_tensors()
             save_file({k: v.contiguous() for k, v in named.items()}, str(self._dir() / "model.safetensors"))
         self._written = True
-        update.post("/update_weights_from_disk", protocol.update_weights_from_disk_body(str(self._dir())))
+        update.post("/update_weights_from_disk", engine_api.update_weights_from_disk_body(str(self._dir())))
         metrics["sync/bytes"] = float(nbytes(named))
         return metrics
 
@@ -62,7 +62,9 @@ class DiskTransport(WeightTransport):
             super().refresh(trainer, rollout, url)
             return
         with rollout.updating(only=url) as update:  # the directory holds the current version
-            update.post("/update_weights_from_disk", protocol.update_weights_from_disk_body(str(self._dir())))
+            update.post(
+                "/update_weights_from_disk", engine_api.update_weights_from_disk_body(str(self._dir()))
+            )
 
     def close(self) -> None:
         if self._scratch is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..rollout import protocol
+from .. import engine_api
 from .base import (
     BroadcastSender,
     EngineUpdateLike,
@@ -54,7 +54,7 @@ class DistributedTransport(WeightTransport):
         world = 1 + sum(members.values())
         bodies, offset = {}, 1
         for url, ranks in members.items():
-            bodies[url] = protocol.init_weights_update_group_body(
+            bodies[url] = engine_api.init_weights_update_group_body(
                 master_address=address,
                 master_port=port,
                 rank_offset=offset,
@@ -76,7 +76,7 @@ class DistributedTransport(WeightTransport):
         """Best effort: engines that died with the group are gone anyway."""
         rollout.call_engines(
             "/destroy_weights_update_group",
-            {u: protocol.destroy_weights_update_group_body(name) for u in urls},
+            {u: engine_api.destroy_weights_update_group_body(name) for u in urls},
         )
 
     def _ensure_group(self, trainer: BroadcastSender, rollout: RolloutSide) -> float:

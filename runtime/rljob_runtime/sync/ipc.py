@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rollout import protocol
+from .. import engine_api
 from .base import EngineUpdateLike, IpcSender, Metrics, RolloutSide, WeightTransport, timed
 from .cuda_ipc import IPC_BUCKET_BYTES, Codec
 
@@ -36,7 +36,7 @@ class IpcTransport(WeightTransport):
                 pending = trainer.ipc_bucket_async(index + 1) if index + 1 < count else None
 
                 def body(url: str, p: Any = payload) -> dict[str, Any]:  # one copy per TP rank
-                    return protocol.update_weights_from_tensor_body(
+                    return engine_api.update_weights_from_tensor_body(
                         [p] * update.tp_sizes[url], load_format="flattened_bucket"
                     )
 

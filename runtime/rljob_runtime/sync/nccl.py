@@ -46,9 +46,9 @@ class BucketSpec:
 
     def body(self, group_name: str, weight_version: str | None = None) -> dict[str, Any]:
         """Flushed before the transfer already (pause -> flush -> update -> continue), so no flush."""
-        from ..rollout import protocol
+        from .. import engine_api
 
-        return protocol.update_weights_from_distributed_body(
+        return engine_api.update_weights_from_distributed_body(
             names=self.names,
             dtypes=self.dtypes,
             shapes=self.shapes,

@@ -340,17 +340,12 @@ def serialize_named_tensors(
 
 
 def deserialize_named_tensors(data: str, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
-    """Inverse of ``serialize_named_tensors``; a ``flattened_bucket`` string may also be a CUDA IPC
-    bucket (``sync/cuda_ipc.py``): then the views point into the producer's GPU memory, and the
-    caller must copy them out (and synchronize) before answering."""
+    """Inverse of ``serialize_named_tensors`` (rljob's CPU format). A ``flattened_bucket`` string may
+    instead be a CUDA IPC bucket: the hf engine tells the two apart first (``rollout/hf_weights.py``,
+    with ``sync/cuda_ipc.py``)."""
     import torch
 
     raw = base64.b64decode(data)
-    if load_format == "flattened_bucket":
-        from ..sync import cuda_ipc
-
-        if cuda_ipc.is_ipc_payload(raw):
-            return cuda_ipc.decode_bucket(raw)
     payload = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     if load_format == "flattened_bucket":
         flat = payload["flattened_tensor"]
