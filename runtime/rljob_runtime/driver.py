@@ -229,9 +229,11 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
     from .trainer import create_trainer
 
     spec = prepared.spec
-    preemption.configure(spec.fault_tolerance.termination_grace_period_seconds)
+    if preemption.current().finished:  # an earlier run in this process ended (tests run several)
+        preemption.reset()
     if preemption.current().requested:  # a SIGTERM while `prepare` ran: nothing to save
         raise KeyboardInterrupt
+    preemption.configure(spec.fault_tolerance.termination_grace_period_seconds)
     started_ray = False
     if not ray.is_initialized():
         if options.ray_address:
@@ -363,6 +365,9 @@ def _loop(
         source.close(wait=False)  # an interrupted run does not wait for a generation
         raise
     source.close(wait=True)
+    # A SIGTERM during the last step: that step saved the final checkpoint; the teardown must not be
+    # interrupted into "preempted" by the watchdog.
+    preemption.current().finished = True
     return result
 
 

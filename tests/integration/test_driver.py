@@ -276,7 +276,7 @@ def test_a_sigterm_finishes_the_step_saves_it_and_the_resumed_run_trains_the_sam
         assert not preemption.current().interrupted
         assert store.completed_steps(tmp_path / "preempted") == [first.steps_done]
         assert first.last_checkpoint == str(store.iteration_dir(tmp_path / "preempted", first.steps_done))
-        preemption.reset()
+        assert preemption.current().finished  # the next run in this process starts afresh
         rest = run(prepare(spec(tmp_path / "preempted")), RunOptions())
     finally:
         signal.signal(signal.SIGTERM, before)
