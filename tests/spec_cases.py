@@ -485,6 +485,12 @@ SCHEMA_CASES = [
         "grpo",
     ),
     Case("unknown-engine", {"rollout": {"engine": "vllm"}}, "spec.rollout.engine", "sglang"),
+    Case(  # the runtime needs time to finish its step and save it
+        "grace-period-too-short",
+        {"faultTolerance": {"terminationGracePeriodSeconds": 5}},
+        "spec.faultTolerance.terminationGracePeriodSeconds",
+        "greater than or equal to 10",
+    ),
     Case("bad-quantity", {"resources": {"head": {"memory": "lots"}}}, "spec.resources.head.memory", ""),
     Case("bad-queue-name", {"queueName": "Team_A"}, "spec.queueName", ""),
     Case("temperature-range", {"rollout": {"temperature": -1.0}}, "spec.rollout.temperature", ""),
