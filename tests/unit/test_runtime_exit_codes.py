@@ -41,6 +41,12 @@ def _train(config: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip().splitlines()[-1]
 
 
+class _Prepared:
+    """What `train` reads of a prepared run before it calls `run` (which these tests replace)."""
+
+    dropped_prompts = 0
+
+
 @pytest.fixture(autouse=True)
 def _no_sigterm_handler(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preemption, "install", lambda: None)
@@ -101,13 +107,10 @@ def test_what_prepare_raises_decides_the_exit_status(
 def test_once_running_every_failure_is_retriable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
-    class Prepared:
-        dropped_prompts = 0
-
     def run(prepared: object, options: object) -> object:
         raise error
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (1, f"rljob-runtime: failed: {error}")
@@ -116,10 +119,7 @@ def test_once_running_every_failure_is_retriable(
 def test_a_preempted_run_exits_75_with_its_checkpoint_and_an_interrupted_one_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Prepared:
-        dropped_prompts = 0
-
-    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
     monkeypatch.setattr(
         driver,
         "run",
@@ -181,13 +181,10 @@ def _caused(error: Exception, cause: Exception) -> Exception:
 def test_a_configuration_error_is_final_even_once_running(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
-    class Prepared:
-        dropped_prompts = 0
-
     def run(prepared: object, options: object) -> object:
         raise error
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (EXIT_NOT_RETRIABLE, f"rljob-runtime: failed: {' '.join(str(error).split())}")
@@ -196,13 +193,10 @@ def test_a_configuration_error_is_final_even_once_running(
 def test_a_hub_download_failing_once_running_is_retried(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Prepared:
-        dropped_prompts = 0
-
     def run(prepared: object, options: object) -> object:
         raise HubError("model.path org/m@main: cannot reach the hub")
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: Prepared())
+    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     assert _train(_config(tmp_path, patched(CPU)), capsys)[0] == 1
 
