@@ -9,7 +9,6 @@ examples/manifests/grpo-cpu-demo.yaml without evaluation; about 4 minutes per ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from bench_cli import add_json, doc_parser  # noqa: E402
 from learning import demo_spec, learned  # noqa: E402
 
 from rljob_api.resource import parse_spec  # noqa: E402
@@ -39,13 +39,11 @@ def run_one(estimator: str, seed: int, steps: int | None) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = doc_parser(__doc__, whole=True)
     parser.add_argument("--estimator", nargs="+", default=["grpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=None, help="override training.numRollout")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_json(parser, help="also write the results here")
     args = parser.parse_args()
     results = []
     for estimator in args.estimator:

@@ -31,7 +31,6 @@ and writes collapsed stacks to DIR/operator-N.txt (`py-spy` from the venv or PAT
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -53,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from bench_cli import doc_parser  # noqa: E402
 from operator_process import OperatorProcess  # noqa: E402
 
 JOB = {
@@ -420,9 +420,7 @@ def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = doc_parser(__doc__, whole=True)
     parser.add_argument("--jobs", type=int, nargs="+", default=[100], help="N, one run each (a trend)")
     parser.add_argument("--rounds", type=int, default=2, help="create/delete rounds per N (memory flat?)")
     parser.add_argument("--cluster", default="rljob-dev", help="the devcluster's name")

@@ -33,7 +33,7 @@ class ModelSpec(ApiModel):
     )
     megatron_checkpoint: Path | None = Field(
         default=None,
-        description="A Megatron torch_dist checkpoint (a converted one, `python -m rljob_runtime.convert "
+        description="A Megatron torch_dist checkpoint (a converted one, `rljob-runtime convert "
         "hf-to-dist`, or a run's iter_<step>/dist, saved at any TP/PP/DP layout) whose weights the megatron "
         "backend starts from instead of model.path's (with a fresh optimizer; a checkpoint of this job's "
         "own checkpoint.path is resumed instead when there is one). model.path still gives the "

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/bench_cli.py
+from bench_cli import add_json, add_mem_fraction, add_model_root, dir_or_temp, doc_parser
 from bench_env import KIT_SGLANG_ARGS, REPO
 from model_dirs import MODELS, ensure_model_dir
 
@@ -39,16 +40,16 @@ PHASES = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = doc_parser(__doc__)
     p.add_argument("--model", choices=sorted(MODELS), default="1.5b")
     p.add_argument("--backend", choices=("torch", "megatron"), default="torch")
-    p.add_argument("--mem-fraction", type=float, default=0.85)
+    add_mem_fraction(p, 0.85)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--response-len", type=int, default=256)
-    p.add_argument("--model-root", type=Path, default=None)
-    p.add_argument("--json", type=Path, default=None)
+    add_model_root(p)
+    add_json(p)
     p.add_argument(
         "--offload-optimizer",
         action="store_true",
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from rljob_runtime.driver import RunOptions, prepare, run
     from rljob_runtime.models import resolve_model
 
-    root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-colocated-"))
+    root = dir_or_temp(args.model_root, "rljob-colocated-")
     tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the data's chat template
     model_dir = ensure_model_dir(root, args.model, tokenizer=tokenizer, device="cuda")
     torch.cuda.empty_cache()

@@ -37,9 +37,10 @@ try:
     import rljob_runtime  # noqa: F401
 except ImportError:  # run from a checkout without the package installed
     sys.path[:0] = [str(REPO / "runtime"), str(REPO / "api")]
-if str(HERE) not in sys.path:  # the sibling megatron_mfu.py (its model shapes)
-    sys.path.insert(0, str(HERE))
+# The sibling megatron_mfu.py (its model shapes), and benchmarks/bench_cli.py.
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+from bench_cli import add_device, add_json, add_seed, add_steps_and_warmup, doc_parser  # noqa: E402
 from megatron_mfu import MODELS  # noqa: E402
 
 from rljob_runtime.algo.packing import plan_micro_batches  # noqa: E402
@@ -172,17 +173,16 @@ def run_mode(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = doc_parser(__doc__)
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    add_device(parser)
     parser.add_argument("--rows", type=int, default=64, help="samples in the global batch")
     parser.add_argument("--max-len", type=int, default=4096, help="longest sample (prompt + response)")
     parser.add_argument("--micro-batch-size", type=int, default=4, help="padded mode's rows per pass")
     parser.add_argument("--max-tokens", type=int, default=16384, help="packed mode's maxTokensPerGpu")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="also write the results (a list) to this path")
+    add_steps_and_warmup(parser, steps=3, warmup=1)
+    add_seed(parser)
+    add_json(parser, help="also write the results (a list) to this path")
     args = parser.parse_args(argv)
     if args.max_tokens < args.max_len:
         parser.error("--max-tokens must hold the longest sample (--max-len), as admission requires")
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps([*results, summary], indent=2) + "\n")
+        args.json.write_text(json.dumps([*results, summary], indent=2) + "\n")
     dist.destroy_process_group()
     return 0
 

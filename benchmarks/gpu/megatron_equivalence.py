@@ -15,7 +15,6 @@ the model is recorded with the refusal message. PP=2 is checked for the export r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,11 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))  # benchmarks/bench_cli.py
 try:
     import rljob_runtime  # noqa: F401
 except ImportError:  # run from a checkout without the package installed
     sys.path[:0] = [str(REPO / "runtime"), str(REPO / "api")]
+
+from bench_cli import add_json, doc_parser  # noqa: E402
 
 from rljob_runtime.algo.logprobs import token_logprobs  # noqa: E402
 from rljob_runtime.trainer.megatron import model_shape, validate_parallelism  # noqa: E402
@@ -202,14 +205,14 @@ def run_pp_export(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = doc_parser(__doc__)
     parser.add_argument("--models", default="qwen3,qwen2,llama,smollm2")
     parser.add_argument("--tp", default="1,2", help="TP sizes to try (comma-separated)")
     parser.add_argument("--pp", default="2", help="PP sizes for the export round trip ('' for none)")
     parser.add_argument(
         "--smollm2-dir", default=None, help="HF dir of SmolLM2-135M(-Instruct); default: resolve_model"
     )
-    parser.add_argument("--json", default=None, help="write the results here (rank 0)")
+    add_json(parser, help="write the results here (rank 0)")
     parser.add_argument(
         "--layers", type=int, default=None, help="fewer layers for the random models (smoke runs)"
     )
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist.get_rank() == 0:
         device = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
         if args.json:
-            Path(args.json).write_text(
+            args.json.write_text(
                 json.dumps({"world_size": world, "device": device, "results": results}, indent=1)
             )
         print_table(results)

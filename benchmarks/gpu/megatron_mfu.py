@@ -105,11 +105,11 @@ try:
     import rljob_runtime  # noqa: F401
 except ImportError:  # run from a checkout without the package installed
     sys.path[:0] = [str(REPO / "runtime"), str(REPO / "api")]
-if str(HERE) not in sys.path:  # the sibling profile_summary.py
-    sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling modules, and benchmarks/bench_cli.py
 
 # Only the pure modules at import time (arguments and the profile helpers are unit-tested without
 # megatron-core); attention.py and model.py, which import megatron-core, are imported where used.
+from bench_cli import add_json, add_runs, add_steps_and_warmup, doc_parser  # noqa: E402
 from mfu_report import fusions_text, grads_text, limit_text, table_lines  # noqa: E402, F401  (the table; tests use them here)
 from profile_summary import format_summary, kernel_records, summarize_kernels  # noqa: E402
 
@@ -505,11 +505,10 @@ def host_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = doc_parser(__doc__)
     parser.add_argument("--models", default="1b,4b")
     parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    add_steps_and_warmup(parser, steps=5, warmup=2)
     parser.add_argument("--micro-batches", type=int, default=4, help="sequences per optimizer step")
     parser.add_argument("--attention", default="sdpa", choices=["sdpa", "local"])
     parser.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
@@ -567,9 +566,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="training.offloadOptimizer: fp32 main params + Adam moments in pinned host memory, streamed",
     )
-    parser.add_argument(
-        "--runs", type=int, default=1, help="timed windows of --steps steps each; the median one is reported"
-    )
+    add_runs(parser, 1, help="timed windows of --steps steps each; the median one is reported")
     parser.add_argument(
         "--tp",
         type=int,
@@ -577,7 +574,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tensor parallel size: run under torchrun --nproc-per-node N (one model)",
     )
     parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--json", default=None)
+    add_json(parser)
     args = parser.parse_args(argv)
     if args.micro_batches < 1:
         parser.error("--micro-batches must be >= 1")
@@ -623,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(names) > 1:  # one process per model: nothing of the last model's memory is left over
         results = []
         for name in names:
-            part = Path(args.json or "/tmp/megatron_mfu.json").with_suffix(f".{name}.json")
+            part = (args.json or Path("/tmp/megatron_mfu.json")).with_suffix(f".{name}.json")
             part.unlink(missing_ok=True)  # a crashed run must not report an older file
             subprocess.run(
                 [sys.executable, __file__, *child_argv(args), "--models", name, "--json", str(part)],
@@ -675,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     if not leader:  # torchrun's other ranks: rank 0 reports
         return 0
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(results, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16 dense")
     print("\n".join(table_lines(results)))
     return 0

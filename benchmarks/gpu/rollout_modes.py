@@ -69,8 +69,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/bench_cli.py
 import bench_env  # noqa: F401  (the repo's packages on sys.path)
 import rollout_modes_report as report
+from bench_cli import (
+    add_device,
+    add_engine,
+    add_mem_fraction,
+    add_seed,
+    add_sglang_arg,
+    resolve_engine,
+    sglang_flags,
+)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENGINE_PROCESS_MARKERS = ("sglang.launch_server", "sglang::", "rljob_runtime.rollout.hf_server")
@@ -83,29 +93,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32, help="prompts per step (rollout.batchSize)")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-response-len", type=int, default=512)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument(
-        "--engine", choices=("sglang", "hf"), default=None, help="default: sglang on cuda, hf on cpu"
-    )
+    add_device(p)
+    add_engine(p, help="default: sglang on cuda, hf on cpu")
     p.add_argument(
         "--model", default=SMOLLM2, help="a model directory or hub id (default SmolLM2-135M-Instruct)"
     )
-    p.add_argument("--mem-fraction", type=float, default=0.7, help="the engine's --mem-fraction-static")
+    add_mem_fraction(p, 0.7, help="the engine's --mem-fraction-static")
     p.add_argument("--global-batch", type=int, default=None, help="default batch x n (one optimizer step)")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=1, help="training.seed (data order, sampling)")
+    add_seed(p, 1, help="training.seed (data order, sampling)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--long-fraction", type=float, default=report.LONG_FRACTION)
     p.add_argument("--over-sampling", type=float, default=1.5, help="partial modes: x batch, rounded up")
-    p.add_argument(
-        "--sglang-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="another SGLang flag for the engine (repeatable; KEY= alone: a bare flag)",
-    )
+    add_sglang_arg(p, help="another SGLang flag for the engine (repeatable; KEY= alone: a bare flag)")
     p.add_argument(
         "--transport",
         choices=("auto", "disk"),
@@ -121,10 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.merge:
         return args
-    if args.engine is None:
-        args.engine = "sglang" if args.device == "cuda" else "hf"
-    if args.engine == "sglang" and args.device != "cuda":
-        p.error("--engine sglang needs --device cuda (on cpu: --engine hf)")
+    resolve_engine(p, args)
     if min(args.steps, args.batch, args.micro_batch, args.max_response_len) < 1 or args.n < 2:
         p.error("--steps, --batch, --micro-batch, --max-response-len must be positive and --n at least 2")
     try:
@@ -137,10 +136,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def config(args: argparse.Namespace, workdir: Path, model: str) -> report.BenchConfig:
-    extra = {}
-    for item in args.sglang_arg:
-        key, _, value = item.partition("=")
-        extra[key.strip().lstrip("-")] = value
     return report.BenchConfig(
         model=model,
         data=str(workdir / "data.jsonl"),
@@ -158,7 +153,7 @@ def config(args: argparse.Namespace, workdir: Path, model: str) -> report.BenchC
         temperature=args.temperature,
         seed=args.seed,
         over_sampling=args.over_sampling,
-        sglang_args=extra,
+        sglang_args=sglang_flags(args.sglang_arg),
     )
 
 

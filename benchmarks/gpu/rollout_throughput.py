@@ -67,7 +67,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -75,7 +74,22 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/bench_cli.py
 import throughput_report as report
+from bench_cli import (
+    add_device,
+    add_engine,
+    add_json,
+    add_log_dir,
+    add_mem_fraction,
+    add_model_root,
+    add_runs,
+    add_seed,
+    add_sglang_arg,
+    dir_or_temp,
+    resolve_engine,
+    sglang_flags,
+)
 from bench_env import KIT_SGLANG_ARGS
 from model_dirs import MODELS, ensure_model_dir
 
@@ -100,10 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="default: all (stock runtime with --engine hf)",
     )
-    p.add_argument(
-        "--engine",
-        choices=("sglang", "hf"),
-        default=None,
+    add_engine(
+        p,
         help="the engine of modes stock and runtime: sglang (default on cuda) or hf (rljob's server "
         "standing in for SGLang; the default on cpu, where SGLang cannot run)",
     )
@@ -122,8 +134,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--long-fraction", type=float, default=report.LONG_FRACTION)
     p.add_argument("--long-factor", type=int, default=report.LONG_FACTOR)
-    p.add_argument("--runs", type=int, default=2, help="timed runs of each workload per mode")
-    p.add_argument("--seed", type=int, default=0)
+    add_runs(p, 2, help="timed runs of each workload per mode")
+    add_seed(p)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--stock-clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
     p.add_argument(
@@ -135,14 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stock-from", type=Path, default=None, help="take the stock rows from an earlier run's --json"
     )
-    p.add_argument("--mem-fraction", type=float, default=0.8, help="--mem-fraction-static, stock and runtime")
-    p.add_argument(
-        "--sglang-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an SGLang flag for stock and runtime (repeatable; KEY= alone: a bare flag)",
-    )
+    add_mem_fraction(p, 0.8, help="--mem-fraction-static, stock and runtime")
+    add_sglang_arg(p, help="an SGLang flag for stock and runtime (repeatable; KEY= alone: a bare flag)")
     p.add_argument(
         "--placement",
         choices=("colocated", "rollout"),
@@ -150,20 +156,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="colocated: the engine on a trainer's bundle with the memory saver (a colocated job); "
         "rollout: a rollout-only bundle, no memory saver (a disaggregated job's engine)",
     )
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--model-root", type=Path, default=None, help="model directories (reused)")
-    p.add_argument("--log-dir", type=Path, default=None, help="server, router and engine logs")
+    add_device(p)
+    add_model_root(p, help="model directories (reused)")
+    add_log_dir(p, help="server, router and engine logs")
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--json", type=Path, default=None)
+    add_json(p)
     args = p.parse_args(argv)
     base = TINY if args.tiny else FULL
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.engine is None:
-        args.engine = "sglang" if args.device == "cuda" else "hf"
-    if args.engine == "sglang" and args.device != "cuda":
-        p.error("--engine sglang needs --device cuda (on cpu: --engine hf)")
+    resolve_engine(p, args)
     if args.modes is None:
         args.modes = list(MODES) if args.engine == "sglang" else ["stock", "runtime"]
     if args.engine == "hf" and "hf" in args.modes:
@@ -186,11 +189,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def sglang_args(args: argparse.Namespace) -> dict[str, str]:
     """The SGLang flags (without dashes) of both stock and runtime."""
-    extra = dict(KIT_SGLANG_ARGS, **{"mem-fraction-static": str(args.mem_fraction)})
-    for item in args.sglang_arg:
-        key, _, value = item.partition("=")
-        extra[key.strip().lstrip("-")] = value
-    return extra
+    return {**KIT_SGLANG_ARGS, "mem-fraction-static": str(args.mem_fraction), **sglang_flags(args.sglang_arg)}
 
 
 def dtype(args: argparse.Namespace) -> str:
@@ -554,7 +553,7 @@ def model_dir_for(args: argparse.Namespace) -> Path:
     """``<root>/smollm2/qwen3-<model>``: written once (on the CPU), SmolLM2's tokenizer and vocabulary."""
     from rljob_runtime.models import smollm2_tokenizer_dir
 
-    root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-throughput-"))
+    root = dir_or_temp(args.model_root, "rljob-throughput-")
     started = time.monotonic()
     path = ensure_model_dir(root / "smollm2", args.model, tokenizer=smollm2_tokenizer_dir(), device="cpu")
     print(f"model {args.model}: {path} ({time.monotonic() - started:.1f} s)", flush=True)
@@ -563,7 +562,7 @@ def model_dir_for(args: argparse.Namespace) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="rljob-throughput-logs-"))
+    log_dir = dir_or_temp(args.log_dir, "rljob-throughput-logs-")
     log_dir.mkdir(parents=True, exist_ok=True)
     model_dir = model_dir_for(args)
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])

@@ -25,11 +25,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/bench_cli.py
+from bench_cli import add_json, add_log_dir, add_mem_fraction, add_model_root, dir_or_temp, doc_parser
 from bench_env import KIT_SGLANG_ARGS
 from model_dirs import MODELS, ensure_model_dir
 
@@ -40,16 +41,16 @@ PARTS = ("time/sync_export", "time/sync_share", "time/sync_load", "time/sync_pau
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = doc_parser(__doc__)
     p.add_argument("--transport", choices=("ipc", "nccl"), default="ipc")
     p.add_argument("--models", nargs="+", default=["0.5b", "1.5b", "4b"], choices=sorted(MODELS))
     p.add_argument("--reps", type=int, default=5, help="timed pushes after one warm-up (default 5)")
     p.add_argument("--bucket-mb", type=int, default=None, help="bucket size (default: the runtime's)")
     p.add_argument("--backend", choices=("megatron", "torch"), default="megatron")
-    p.add_argument("--mem-fraction", type=float, default=0.3, help="the engine's mem-fraction-static")
-    p.add_argument("--model-root", type=Path, default=None, help="reuse model directories here")
-    p.add_argument("--log-dir", type=Path, default=None)
-    p.add_argument("--json", type=Path, default=None)
+    add_mem_fraction(p, 0.3, help="the engine's mem-fraction-static")
+    add_model_root(p, help="reuse model directories here")
+    add_log_dir(p)
+    add_json(p)
     p.add_argument("--cpu", action="store_true", help="the harness on CPU: hf engine, torch, gloo")
     args = p.parse_args(argv)
     if args.reps < 1:
@@ -211,8 +212,8 @@ def run_model(model: str, args: argparse.Namespace, root: Path, log_dir: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-sync-models-"))
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="rljob-sync-logs-"))
+    root = dir_or_temp(args.model_root, "rljob-sync-models-")
+    log_dir = dir_or_temp(args.log_dir, "rljob-sync-logs-")
     results, failed = [], []
     for model in args.models:
         try:

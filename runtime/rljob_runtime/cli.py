@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         help="convert checkpoints: hf-to-dist, dist-to-hf, verify, megatron-cache, export "
         "(the operator's conversion jobs run this)",
-        description="Checkpoint conversions (python -m rljob_runtime.convert); `convert -h` lists them.",
+        description="Checkpoint conversions (rljob_runtime.convert_cli); `convert -h` lists them.",
         add_help=False,  # -h goes to the conversion CLI
     )
     convert.add_argument("args", nargs=argparse.REMAINDER)
@@ -241,7 +241,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     # Before anything initialises CUDA: conversion is CPU work (gloo), whatever the node has.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    from .convert import main as convert_main
+    from .convert_cli import main as convert_main
 
     return convert_main(args.args)
 

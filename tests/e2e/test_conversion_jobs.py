@@ -113,8 +113,8 @@ def _phases(crd: Any, namespace: str, name: str) -> list[str]:
 def test_a_megatron_job_converts_its_model_once_per_revision(
     crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
-    from rljob_runtime.convert import verify
     from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.trainer.megatron.checkpoint_convert import verify
 
     model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
     cache = tmp_path / "model-cache"

@@ -1,4 +1,4 @@
-"""``rljob_runtime.convert``: HF -> Megatron torch_dist -> HF returns the source tensors exactly (tied
+"""``rljob-runtime convert``: HF -> Megatron torch_dist -> HF returns the source tensors exactly (tied
 Qwen3 in bfloat16, untied Llama with vocab padding in float32), transformers loads the result, ``verify``
 names the first tensor that differs, and a failed conversion names the tensor or file and leaves no
 ``--out`` behind. CPU, one process (gloo); one test runs the real ``python -m`` command line."""
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from rljob_runtime.convert import Comparison, ConversionError, compare
 from rljob_runtime.trainer.megatron import model_shape
+from rljob_runtime.trainer.megatron.checkpoint_convert import Comparison, ConversionError, compare
 from rljob_runtime.trainer.megatron.testing import LLAMA_UNTIED, QWEN3_0_6B, random_hf_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_a_nan_is_a_mismatch() -> None:
 
 @pytest.fixture()
 def cpu_rank(cpu_megatron: None) -> None:
-    """This process as one gloo rank (conftest); convert's functions reuse it."""
+    """This process as one gloo rank (conftest); the conversions reuse it."""
 
 
 @pytest.mark.slow
@@ -96,8 +96,8 @@ def cpu_rank(cpu_megatron: None) -> None:
 def test_hf_to_dist_to_hf_round_trip_is_exact(
     cpu_rank: None, tmp_path: Path, config: dict[str, Any], dtype: torch.dtype
 ) -> None:
-    from rljob_runtime.convert import dist_to_hf, hf_to_dist, verify
     from rljob_runtime.trainer.megatron.checkpoint import is_dist_checkpoint, read_hf_state
+    from rljob_runtime.trainer.megatron.checkpoint_convert import dist_to_hf, hf_to_dist, verify
 
     source = write_model(tmp_path / "hf", config, dtype)
     result = hf_to_dist(source, tmp_path / "dist", tp=2)  # the layout is only checked
@@ -118,7 +118,7 @@ def test_hf_to_dist_to_hf_round_trip_is_exact(
 @pytest.mark.slow
 def test_transformers_loads_the_exported_directory(cpu_rank: None, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from rljob_runtime.convert import dist_to_hf, hf_to_dist
+    from rljob_runtime.trainer.megatron.checkpoint_convert import dist_to_hf, hf_to_dist
 
     source = write_model(tmp_path / "hf", LLAMA)
     hf_to_dist(source, tmp_path / "dist")
@@ -133,7 +133,7 @@ def test_transformers_loads_the_exported_directory(cpu_rank: None, tmp_path: Pat
 def test_failed_conversions_name_the_tensor_and_leave_nothing(cpu_rank: None, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from rljob_runtime.convert import dist_to_hf, hf_to_dist, verify
+    from rljob_runtime.trainer.megatron.checkpoint_convert import dist_to_hf, hf_to_dist, verify
 
     source = write_model(tmp_path / "hf", LLAMA)
     broken = write_model(tmp_path / "broken", LLAMA)
@@ -188,7 +188,7 @@ def test_command_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "rljob_runtime.convert",
+            "rljob_runtime.convert_cli",
             "hf-to-dist",
             "--model",
             str(source),
@@ -208,7 +208,7 @@ def test_command_line(tmp_path: Path) -> None:
 def test_main_verify_exit_status(cpu_rank: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from safetensors.torch import load_file, save_file
 
-    from rljob_runtime.convert import main
+    from rljob_runtime.convert_cli import main
 
     source = write_model(tmp_path / "hf", LLAMA)
     assert main(["hf-to-dist", "--model", str(source), "--out", str(tmp_path / "dist")]) == 0

@@ -1,4 +1,4 @@
-"""``python -m rljob_runtime.convert export``: a run's saved iteration as a Hugging Face directory. A
+"""``rljob-runtime convert export``: a run's saved iteration as a Hugging Face directory. A
 torch-backend iteration's model/ is copied and checked; a megatron-backend iteration (saved by a real
 CPU trainer rank after one step) is converted from its dist/ and checked against its model/;
 transformers loads the result. An incomplete or pruned step is refused naming the steps there, a
@@ -18,7 +18,8 @@ import torch
 from test_convert_cli import LLAMA, write_model
 
 from rljob_runtime.checkpoint import store
-from rljob_runtime.convert import EXPORT_RECORD, main
+from rljob_runtime.convert_cli import main
+from rljob_runtime.export import EXPORT_RECORD
 from rljob_runtime.trainer.megatron.checkpoint import read_hf_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def test_the_command_line_ends_with_the_reason(tmp_path: Path) -> None:
     """As the conversion job runs it: the last line of stdout and stderr together is the reason."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("runtime", "api"))}
     torch_iteration(tmp_path / "ckpt", 3)
-    command = [sys.executable, "-m", "rljob_runtime.convert", "export", "--checkpoints"]
+    command = [sys.executable, "-m", "rljob_runtime.convert_cli", "export", "--checkpoints"]
     command += [str(tmp_path / "ckpt"), "--step", "9", "--out", str(tmp_path / "out")]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert done.returncode == 1
@@ -130,7 +131,7 @@ def megatron_run(cpu_megatron: None, tmp_path_factory: pytest.TempPathFactory) -
     from test_megatron_reshard import ADV, cpu_training, make_spec, step, trainer
     from test_megatron_reshard import write_model as write_untied
 
-    from rljob_runtime.convert import undo_patches
+    from rljob_runtime.trainer.megatron.checkpoint_convert import undo_patches
 
     base = tmp_path_factory.mktemp("megatron-run")
     model = write_untied(base / "hf")

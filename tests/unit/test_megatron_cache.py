@@ -1,4 +1,4 @@
-"""``megatron_cache`` and ``python -m rljob_runtime.convert megatron-cache``: the cache key of a model
+"""``megatron_cache`` and ``rljob-runtime convert megatron-cache``: the cache key of a model
 (a hub snapshot by its commit, a local directory by its weight files and config), one conversion per
 key under a file lock, reused without touching a file, an interrupted one replaced, and a failure's
 last line. The conversions run on CPU in this process (gloo, conftest's ``cpu_megatron``)."""
@@ -19,7 +19,7 @@ import pytest
 from test_convert_cli import LLAMA, write_model
 
 from rljob_runtime import megatron_cache as cache
-from rljob_runtime.convert import main
+from rljob_runtime.convert_cli import main
 from rljob_runtime.models import file_lock
 
 
@@ -188,7 +188,7 @@ def first_conversion(cpu_megatron: None, tmp_path_factory: pytest.TempPathFactor
 def test_megatron_cache_converts_over_a_partial_one_then_reuses_it_untouched(
     first_conversion: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rljob_runtime.convert import verify
+    from rljob_runtime.trainer.megatron.checkpoint_convert import verify
 
     model, target = first_conversion["model"], first_conversion["target"]
     assert first_conversion["code"] == 0, first_conversion["err"]

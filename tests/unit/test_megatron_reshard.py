@@ -215,15 +215,15 @@ def _clip_grads(
 
 
 def cpu_training() -> list[tuple[Any, str, Any]]:
-    """Let megatron-core 0.16 train on CPU in this (test) process: convert's CPU patches (current device,
-    RNG tracker, synchronize) and the CUDA-only corners of the optimizer and schedules above. Returns
-    what ``undo_patches`` restores."""
+    """Let megatron-core 0.16 train on CPU in this (test) process: the conversions' CPU patches
+    (``checkpoint_convert``: current device, RNG tracker, synchronize) and the CUDA-only corners of the
+    optimizer and schedules above. Returns what ``undo_patches`` restores."""
     from megatron.core import utils
     from megatron.core.optimizer import clip_grads
     from megatron.core.optimizer import optimizer as megatron_optimizer
     from megatron.core.pipeline_parallel import schedules
 
-    from rljob_runtime.convert import cpu_megatron_patches
+    from rljob_runtime.trainer.megatron.checkpoint_convert import cpu_megatron_patches
 
     undo = cpu_megatron_patches()
     patches = [
@@ -369,7 +369,7 @@ def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(two_ranks: dict[s
 @pytest.fixture()
 def cpu_rank(cpu_megatron: None) -> Iterator[None]:
     """This process as one CPU rank (conftest's cpu_megatron) with the patches torch_dist needs."""
-    from rljob_runtime.convert import undo_patches
+    from rljob_runtime.trainer.megatron.checkpoint_convert import undo_patches
 
     undo = cpu_training()
     yield
@@ -391,7 +391,7 @@ def test_tp2_checkpoint_resumes_on_one_rank(two_ranks: dict[str, Any], cpu_rank:
 def test_megatron_checkpoint_start_equals_the_hf_start(
     two_ranks: dict[str, Any], cpu_rank: None, megatron_checkpoint_accepted: None, tmp_path: Path
 ) -> None:
-    from rljob_runtime.convert import hf_to_dist
+    from rljob_runtime.trainer.megatron.checkpoint_convert import hf_to_dist
 
     model_dir = two_ranks["model"]
     hf_to_dist(model_dir, tmp_path / "converted")
@@ -417,7 +417,7 @@ def test_megatron_checkpoint_start_equals_the_hf_start(
 def test_a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor(
     two_ranks: dict[str, Any], cpu_rank: None, megatron_checkpoint_accepted: None, tmp_path: Path
 ) -> None:
-    from rljob_runtime.convert import hf_to_dist
+    from rljob_runtime.trainer.megatron.checkpoint_convert import hf_to_dist
 
     model_dir = two_ranks["model"]
     other = write_model(tmp_path / "wider", {**CONFIG, "intermediate_size": 128})

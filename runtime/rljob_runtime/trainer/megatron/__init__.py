@@ -16,7 +16,8 @@ attention), ``fusions`` (plain-torch stand-ins for TE/apex fusions: wgrad accumu
 RMSNorm and RoPE, fused Adam), ``schedule`` (forward /
 backward over micro-batches), ``checkpoint`` (HF export, finding a distributed checkpoint, RNG across
 layouts), ``dist_checkpoint`` (model and optimizer as a torch_dist checkpoint that any TP/PP/DP layout
-loads) and ``backend``
+loads), ``checkpoint_convert`` (HF <-> torch_dist conversions on CPU, each checked tensor by
+tensor: ``rljob-runtime convert``) and ``backend``
 (``MegatronTrainerRank``, run by ``trainer.group.TrainerGroup`` as Ray actors, one per GPU).
 """
 
