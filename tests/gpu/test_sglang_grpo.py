@@ -134,7 +134,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
                 old_url=url,
             )
             deadline = time.monotonic() + 600
-            while rollout.engines[0].state != "serving":
+            while rollout.fleet.engines[0].state != "serving":
                 assert time.monotonic() < deadline, rollout.engine_info()
                 time.sleep(0.5)
             new = rollout.engine_urls()[0]
@@ -142,7 +142,7 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
                 new_url=new,
                 version=http("GET", f"{new}/model_info")["weight_version"],
                 manager_version=rollout.weight_version,
-                replaced_in_s=rollout.engines[0].last_replacement_s,
+                replaced_in_s=rollout.fleet.engines[0].last_replacement_s,
                 tokens=greedy(new),
             )
         return real_step_rollout(prepared, rollout)

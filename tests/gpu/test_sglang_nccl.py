@@ -138,7 +138,7 @@ def test_an_engine_dying_in_a_broadcast_is_noticed_in_seconds(tmp_path: Path) ->
         thread.join(timeout=300)
         noticed_s = outcome["returned_at"] - killed_at
         deadline = time.monotonic() + 600
-        while manager.engines[0].state != "serving" or manager.engine_urls()[0] == old_url:
+        while manager.fleet.engines[0].state != "serving" or manager.engine_urls()[0] == old_url:
             assert time.monotonic() < deadline, manager.engine_info()
             time.sleep(0.5)
         new_url = manager.engine_urls()[0]

@@ -27,8 +27,9 @@ from rollout_on_ray import rollout_on_ray
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.models import make_tiny_model
+from rljob_runtime.rollout.errors import EngineRestartsExhausted, RolloutError
 from rljob_runtime.rollout.generate import RetryPolicy
-from rljob_runtime.rollout.manager import EngineRestartsExhausted, RolloutError, RolloutManager
+from rljob_runtime.rollout.manager import RolloutManager
 from rljob_runtime.sync.base import WeightTransport
 from rljob_runtime.sync.disk import DiskTransport
 from rljob_runtime.sync.tensor import TensorTransport
@@ -160,8 +161,8 @@ def greedy_samples(manager: RolloutManager, n: int = 4) -> list[Sample]:
 
 def test_a_two_engines_generate_a_batch(env: Env) -> None:
     manager = env.manager
-    assert manager.router.worker_urls() == manager.engine_urls() or sorted(
-        manager.router.worker_urls()
+    assert manager.fleet.router.worker_urls() == manager.engine_urls() or sorted(
+        manager.fleet.router.worker_urls()
     ) == sorted(manager.engine_urls())
     # training.seed (the default, 42) reaches the engines: engine i samples from seed + i
     assert [get(f"{u}/server_info")["seed"] for u in manager.engine_urls()] == [42, 43]
@@ -234,7 +235,7 @@ def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
     version = push(env, TensorTransport(), env.model_b, "5")
     tokens_b = greedy_reference(load(env.model_b), PROMPTS[0], 8)
     old_urls = manager.engine_urls()
-    restarts = manager.restarts
+    restarts = manager.fleet.restarts
     samples = make_samples(24)
     future = manager.generate_async(samples, max_new_tokens=300, ignore_eos=True)
     deadline = time.monotonic() + 30
@@ -251,13 +252,13 @@ def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
     assert any(s.metadata["rollout_tries"] > 1 for s in out), "no request was retried: the kill came too late"
     # replaced at once (not at the next weight update): wait for registration if generation beat it
     deadline = time.monotonic() + 60
-    while manager.engines[1].state != "serving":
+    while manager.fleet.engines[1].state != "serving":
         assert time.monotonic() < deadline, manager.engine_info()
         time.sleep(0.2)
-    assert manager.restarts == restarts + 1 and manager.engines[1].restarts == 1
+    assert manager.fleet.restarts == restarts + 1 and manager.fleet.engines[1].restarts == 1
     new_url = manager.engine_urls()[1]
     assert new_url != old_urls[1] and manager.engine_urls()[0] == old_urls[0]
-    assert sorted(manager.router.worker_urls()) == sorted(manager.engine_urls())
+    assert sorted(manager.fleet.router.worker_urls()) == sorted(manager.engine_urls())
     info = manager.engine_info()[1]
     assert info["alive"] and info["launches"] == 2
     # the new engine serves the current weights: the transport refreshed it from the "trainer"
@@ -266,23 +267,23 @@ def test_b_engine_killed_mid_rollout_loses_no_sample(env: Env) -> None:
     out = greedy_samples(manager, 4)
     assert all(s.response_ids == tokens_b and s.weight_versions == ["5"] for s in out)
     assert served(new_url) > before, "the replacement gets traffic through the router"
-    print(f"engine killed mid-rollout -> replaced in {manager.engines[1].last_replacement_s:.1f} s")
+    print(f"engine killed mid-rollout -> replaced in {manager.fleet.engines[1].last_replacement_s:.1f} s")
 
 
 def test_b2_idle_engine_killed_after_a_disk_update_gets_those_weights(env: Env) -> None:
     manager = env.manager
     version = push(env, DISK, env.model_a, "6")
     tokens_a = greedy_reference(load(env.model_a), PROMPTS[0], 8)
-    old_url, restarts = manager.engine_urls()[0], manager.restarts
+    old_url, restarts = manager.engine_urls()[0], manager.fleet.restarts
     started = time.monotonic()
     manager.kill_engine_process(0)
     deadline = time.monotonic() + 60
-    while manager.engine_urls()[0] == old_url or manager.engines[0].state != "serving":
+    while manager.engine_urls()[0] == old_url or manager.fleet.engines[0].state != "serving":
         assert time.monotonic() < deadline, manager.engine_info()
         time.sleep(0.2)
-    print(f"idle engine killed -> replaced in {manager.engines[0].last_replacement_s:.1f} s", end=" ")
+    print(f"idle engine killed -> replaced in {manager.fleet.engines[0].last_replacement_s:.1f} s", end=" ")
     print(f"(kill to registered: {time.monotonic() - started:.1f} s)")
-    assert manager.restarts == restarts + 1
+    assert manager.fleet.restarts == restarts + 1
     new_url = manager.engine_urls()[0]
     assert get(f"{new_url}/model_info")["weight_version"] == version
     assert all(s.response_ids == tokens_a and s.weight_versions == [version] for s in greedy_samples(manager))
@@ -290,7 +291,7 @@ def test_b2_idle_engine_killed_after_a_disk_update_gets_those_weights(env: Env) 
 
 def test_b3_dead_actor_takes_its_server_along_and_is_recreated_on_its_bundle(env: Env) -> None:
     manager = env.manager
-    engine = manager.engines[1]
+    engine = manager.fleet.engines[1]
     old_actor, old_url, old_pid = engine.actor, engine.url, manager.engine_info()[1]["pid"]
     ray.kill(old_actor, no_restart=True)  # SIGKILL of the actor process: no cleanup code runs
     deadline = time.monotonic() + 15
@@ -305,28 +306,28 @@ def test_b3_dead_actor_takes_its_server_along_and_is_recreated_on_its_bundle(env
     info = manager.engine_info()[1]
     assert info["launches"] == 1 and info["alive"] and info["pid"] != old_pid
     assert get(f"{engine.url}/model_info")["weight_version"] == manager.weight_version == "6"
-    assert sorted(manager.router.worker_urls()) == sorted(manager.engine_urls())
+    assert sorted(manager.fleet.router.worker_urls()) == sorted(manager.engine_urls())
 
 
 def test_restarts_exhausted_fail_the_run(env: Env) -> None:
     manager = env.manager
-    manager.max_restarts = manager.restarts  # no replacement left
+    manager.fleet.max_restarts = manager.fleet.restarts  # no replacement left
     manager.kill_engine_process(0)
     deadline = time.monotonic() + 30
-    while manager._fatal is None:
+    while manager.client.fatal is None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     with pytest.raises(EngineRestartsExhausted, match="maxEngineRestarts=3 replacements are used up"):
         manager.check_failed()
     with pytest.raises(EngineRestartsExhausted):
         manager.generate(make_samples(2))
-    assert manager.engines[0].state == "failed"
-    assert manager.engine_urls()[0] not in manager.router.worker_urls()
+    assert manager.fleet.engines[0].state == "failed"
+    assert manager.engine_urls()[0] not in manager.fleet.router.worker_urls()
 
 
 def test_d_shutdown_leaves_no_process(env: Env) -> None:
     manager = env.manager
-    pids = [info["pid"] for info in manager.engine_info()] + [manager.router.pid()]
+    pids = [info["pid"] for info in manager.engine_info()] + [manager.fleet.router.pid()]
     assert all(isinstance(pid, int) for pid in pids)
     assert _alive(pids[1]) and _alive(pids[2])  # engine 1 and the router (engine 0 was killed)
     manager.shutdown()

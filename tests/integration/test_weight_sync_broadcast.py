@@ -124,7 +124,7 @@ def test_broadcast_sync_reaches_every_engine_and_survives_a_relaunch(setup: tupl
     epoch = manager.membership_epoch
     manager.kill_engine_process(1)
     deadline = time.monotonic() + 120
-    while manager.membership_epoch == epoch or manager.engines[1].state != "serving":
+    while manager.membership_epoch == epoch or manager.fleet.engines[1].state != "serving":
         assert time.monotonic() < deadline, manager.engine_info()
         time.sleep(0.2)
     for url in manager.engine_urls():

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from rljob_api.spec import RLTrainingJobSpec
+from rljob_runtime.rollout.engines import Engine, HealthCheck
 from rljob_runtime.rollout.errors import EngineGone, WeightUpdateError
-from rljob_runtime.rollout.manager import Engine, HealthCheck, RolloutManager
+from rljob_runtime.rollout.manager import RolloutManager
 
 A, B = "http://a", "http://b"
 
@@ -74,18 +75,16 @@ def setup(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RolloutManager, Eng
     )
     fake = Engines()
     replaced: list[str] = []
-    monkeypatch.setattr(manager, "_engine_request", fake.request)
+    monkeypatch.setattr(manager.client, "request", fake.request)
 
     def start_replacement(engine: Engine, reason: str) -> Any:
         replaced.append(engine.url)
         engine.state = "replacing"
 
-    monkeypatch.setattr(manager, "_start_replacement", start_replacement)
+    monkeypatch.setattr(manager.fleet, "start_replacement", start_replacement)
     monkeypatch.setattr("rljob_runtime.rollout.engine_update.FLUSH_BACKOFF_S", 0.0)
     yield manager, fake, replaced
-    manager._closed = True
-    manager._loop.call_soon_threadsafe(manager._loop.stop)
-    manager._thread.join(timeout=5)
+    manager.client.close()
 
 
 def test_an_update_pauses_flushes_transfers_versions_and_continues(setup: Any) -> None:
@@ -93,7 +92,7 @@ def test_an_update_pauses_flushes_transfers_versions_and_continues(setup: Any) -
     fake.answer(A, "/flush_cache", 400, 400, 200)  # busy twice: retried until idle
     with manager.updating(7) as update:
         assert update.urls == [A, B] and update.tp_sizes == {A: 1, B: 2}
-        assert all(e.state == "updating" for e in manager.engines)
+        assert all(e.state == "updating" for e in manager.fleet.engines)
         update.post("/update_weights_from_tensor", lambda url: {"n": update.tp_sizes[url]})
     assert fake.paths(A) == [
         "/pause_generation",
@@ -112,7 +111,7 @@ def test_an_update_pauses_flushes_transfers_versions_and_continues(setup: Any) -
         "new_version": "7",
         "abort_all_requests": False,
     }
-    assert manager.weight_version == "7" and all(e.state == "serving" for e in manager.engines)
+    assert manager.weight_version == "7" and all(e.state == "serving" for e in manager.fleet.engines)
     with manager.updating() as update:  # no version given: the next integer
         pass
     assert manager.weight_version == "8"
@@ -125,8 +124,8 @@ def test_a_failed_transfer_keeps_the_old_version_and_lets_generation_go_on(setup
         update.post("/update_weights_from_disk", {})
     assert manager.weight_version == "default" and not replaced
     assert fake.paths(A)[-1] == "/continue_generation" and "/update_weight_version" not in fake.paths(A)
-    assert all(e.state == "serving" for e in manager.engines)
-    assert not manager._weights_lock.locked()
+    assert all(e.state == "serving" for e in manager.fleet.engines)
+    assert not manager.fleet.weights_lock.locked()
 
 
 def test_an_engine_dead_mid_update_is_dropped_and_replaced_after(setup: Any) -> None:
@@ -168,8 +167,8 @@ def test_post_each_sends_each_engine_its_sequence_in_order(setup: Any) -> None:
 
 def test_a_relaunched_engine_is_brought_to_the_current_version_alone(setup: Any) -> None:
     manager, fake, _ = setup
-    manager.weight_version = "5"
-    engine = manager.engines[1]
+    manager.client.weight_version = "5"
+    engine = manager.fleet.engines[1]
     engine.state, engine.pending_url = "replacing", "http://b2"
     with manager.updating(only="http://b2") as update:
         assert update.tp_sizes == {"http://b2": 2}
@@ -184,34 +183,34 @@ def test_a_relaunched_engine_is_brought_to_the_current_version_alone(setup: Any)
 def test_relaunched_engines_get_weights_only_once_there_are_new_ones(setup: Any) -> None:
     manager, _, _ = setup
     called: list[str] = []
-    asyncio.run_coroutine_threadsafe(manager._push_current_weights("http://x", 0), manager._loop).result()
-    manager.weight_version = "3"
+    manager.client.call(manager.fleet.push_current_weights("http://x", 0))
+    manager.client.weight_version = "3"
     with pytest.raises(WeightUpdateError, match="no refresher"):
-        asyncio.run_coroutine_threadsafe(manager._push_current_weights("http://x", 0), manager._loop).result()
+        manager.client.call(manager.fleet.push_current_weights("http://x", 0))
     manager.refresher = called.append
-    asyncio.run_coroutine_threadsafe(manager._push_current_weights("http://x", 0), manager._loop).result()
+    manager.client.call(manager.fleet.push_current_weights("http://x", 0))
     assert called == ["http://x"]
 
 
 def test_memory_release_waits_for_idle_and_for_a_running_health_check(setup: Any) -> None:
     manager, fake, _ = setup
     fake.answer(A, "/flush_cache", 400, 200)
-    engine = manager.engines[0]
+    engine = manager.fleet.engines[0]
 
     async def hold() -> None:  # a health check's generation in flight
         assert engine.busy is not None
         async with engine.busy:
             await asyncio.sleep(0.3)
 
-    held = asyncio.run_coroutine_threadsafe(hold(), manager._loop)
+    held = manager.client.submit(hold())
     manager.release_memory()
     assert held.done()  # the release waited for it
     assert fake.paths(A) == ["/flush_cache", "/flush_cache", "/release_memory_occupation"]
-    assert manager._health_paused
+    assert manager.fleet.health_paused
     manager.resume_memory(["weights"])
-    assert manager._health_paused  # no KV cache yet: no health checks
+    assert manager.fleet.health_paused  # no KV cache yet: no health checks
     manager.resume_memory(["kv_cache", "cuda_graph"])
-    assert not manager._health_paused
+    assert not manager.fleet.health_paused
     bodies = [b for u, p, b in fake.log if u == A and p == "/resume_memory_occupation"]
     assert bodies == [{"tags": ["weights"]}, {"tags": ["kv_cache", "cuda_graph"]}]
 
@@ -222,4 +221,4 @@ def test_an_engine_refusing_the_pause_fails_the_update_and_the_others_go_on(setu
     with pytest.raises(WeightUpdateError, match="http://b"), manager.updating(9):
         pass
     assert fake.paths(A)[-1] == "/continue_generation" and manager.weight_version == "default"
-    assert not manager._weights_lock.locked()
+    assert not manager.fleet.weights_lock.locked()

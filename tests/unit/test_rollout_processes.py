@@ -235,17 +235,17 @@ def test_trainer_ranks_use_sglangs_nccl_cumem_setting() -> None:
     assert actor_env({"NCCL_CUMEM_ENABLE": "1"})["NCCL_CUMEM_ENABLE"] == "1"
 
 
-def test_the_managers_session_has_no_connection_cap() -> None:
+def test_the_engine_clients_session_has_no_connection_cap() -> None:
     """aiohttp caps a session at 100 connections by default: a rollout of 256 requests reached SGLang
-    100 at a time (0.61 of stock SGLang's throughput on an H200); the manager's concurrency bounds them."""
+    100 at a time (0.61 of stock SGLang's throughput on an H200); the client's concurrency bounds them."""
     import asyncio
 
-    from rljob_runtime.rollout.manager import RolloutManager
+    from rljob_runtime.rollout.client import EngineClient
 
     async def limit() -> int:
-        manager = RolloutManager.__new__(RolloutManager)
-        manager._session = None
-        session = await manager._http()
+        client = EngineClient.__new__(EngineClient)
+        client._session = None
+        session = await client.http()
         try:
             return session.connector.limit  # type: ignore[union-attr]
         finally:

@@ -17,24 +17,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .. import engine_api
 from .errors import EngineGone, WeightUpdateError
 
-if TYPE_CHECKING:
-    from .manager import RolloutManager
-
 Body = dict[str, Any]
 FLUSH_ATTEMPTS, FLUSH_BACKOFF_S = 120, 0.5  # an engine finishing its last requests: up to a minute
+T = TypeVar("T")
+
+
+class EngineRequests(Protocol):
+    """The engines' client as an update uses it (``client.EngineClient``)."""
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the client's loop and wait."""
+        ...
+
+    async def request(
+        self, url: str, method: str, path: str, body: Any = None, timeout: float = 600.0
+    ) -> tuple[int, Any]: ...
+
+    async def wait_idle(self, url: str, attempts: int, backoff_s: float) -> None: ...
 
 
 class EngineUpdate:
     def __init__(
-        self, manager: RolloutManager, urls: Sequence[str], tp_sizes: dict[str, int], *, fresh: bool
+        self, client: EngineRequests, urls: Sequence[str], tp_sizes: dict[str, int], *, fresh: bool
     ) -> None:
-        self._manager = manager
+        self._client = client
         self.urls = list(urls)
         self.tp_sizes = dict(tp_sizes)
         self.fresh = fresh
@@ -45,11 +57,11 @@ class EngineUpdate:
     def live(self) -> list[str]:
         return [u for u in self.urls if u not in self.lost]
 
-    # ---- what the transports call (from a thread other than the manager's loop) -------------------
+    # ---- what the transports call (from a thread other than the client's loop) --------------------
 
     def post(self, path: str, body: Body | Callable[[str], Body]) -> None:
         """``body`` (or ``body(url)``) to every live engine at once; returns when all answered."""
-        self._manager._call(self._post_all(path, body))
+        self._client.call(self._post_all(path, body))
 
     def post_each(
         self,
@@ -61,12 +73,12 @@ class EngineUpdate:
     ) -> None:
         """``bodies`` in order to each live engine, the engines at once. ``collective``: the requests
         are one broadcast's receivers; see the module docstring for ``on_lost``."""
-        self._manager._call(self._post_each(path, list(bodies), collective, on_lost))
+        self._client.call(self._post_each(path, list(bodies), collective, on_lost))
 
-    # ---- on the manager's loop ------------------------------------------------------------------
+    # ---- on the client's loop -------------------------------------------------------------------
 
     async def _send(self, url: str, path: str, body: Body) -> None:
-        status, answer = await self._manager._engine_request(url, "POST", path, body)
+        status, answer = await self._client.request(url, "POST", path, body)
         if status != 200 or (isinstance(answer, dict) and answer.get("success") is False):
             raise WeightUpdateError(f"POST {url}{path}: HTTP {status} {str(answer)[:500]}")
 
@@ -125,7 +137,7 @@ class EngineUpdate:
 
         async def prepare(url: str) -> None:
             await self._send(url, "/pause_generation", engine_api.pause_body())
-            await self._manager._wait_idle(url, FLUSH_ATTEMPTS, FLUSH_BACKOFF_S)
+            await self._client.wait_idle(url, FLUSH_ATTEMPTS, FLUSH_BACKOFF_S)
 
         results = await asyncio.gather(*(prepare(u) for u in self.urls), return_exceptions=True)
         self.seconds["pause_flush"] = time.perf_counter() - started

@@ -22,7 +22,7 @@ What is retried:
 
 Other HTTP 4xx answers are bugs in the request and fail at once.
 
-``hold`` (the rollout manager's): after a failed try, it waits while no engine serves and a dead one
+``hold`` (the engine fleet's): after a failed try, it waits while no engine serves and a dead one
 is being replaced (an SGLang relaunch takes longer than the retries last) and answers True; such a
 try is not counted.
 """

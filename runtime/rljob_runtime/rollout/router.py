@@ -1,7 +1,7 @@
 """The real sglang-router as a child process, with worker membership managed by us.
 
 The router's own health checks, circuit breaker and retries are disabled (as slime does): the
-manager's health checks decide membership, and ``generate`` owns the retry policy. Left on, a dead
+fleet's health checks decide membership, and ``generate`` owns the retry policy. Left on, a dead
 cache-affine worker keeps receiving traffic until the breaker opens, and two retry layers multiply.
 Membership changes are asynchronous in the router (``POST /workers`` answers 202); ``add_worker`` /
 ``remove_worker`` wait until ``GET /workers`` shows the change.

@@ -90,7 +90,10 @@ class EngineUpdateLike(Protocol):
 class RolloutSide(Protocol):
     """What the transports call on the rollout manager."""
 
-    membership_epoch: int
+    @property
+    def membership_epoch(self) -> int:
+        """Bumped whenever an engine is relaunched: a weight-update group joined before is stale then."""
+        ...
 
     def updating(
         self, version: int | str | None = None, *, only: str | None = None
