@@ -26,7 +26,8 @@ from rljob_api.resource import parse_spec  # noqa: E402
 
 
 def run_one(estimator: str, seed: int, steps: int | None) -> dict[str, Any]:
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = parse_spec(demo_spec(estimator, seed, Path(tmp) / "ckpt", steps))

@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rljob_api.resource import parse_spec
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
     from rljob_runtime.models import resolve_model
+    from rljob_runtime.prepare import prepare
 
     root = dir_or_temp(args.model_root, "rljob-colocated-")
     tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the data's chat template

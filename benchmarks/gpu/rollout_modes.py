@@ -438,7 +438,8 @@ def run_mode(
 ) -> tuple[dict[str, Any], bool]:
     """One mode's run; its summary and whether it was interrupted (SIGTERM, Ctrl-C). ``progress(summary)``
     is called after every step with the summary so far."""
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     steps: list[dict[str, Any]] = []
     recorder = sampler = None

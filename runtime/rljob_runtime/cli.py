@@ -35,7 +35,8 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     if args.prepare:
         # What `train` checks before it starts Ray: tokenizer, data, reward, hooks.
-        from .driver import RunError, prepare
+        from .prepare import prepare
+        from .run_error import RunError
 
         try:
             prepared = prepare(config.spec)
@@ -68,8 +69,10 @@ def _train(args: argparse.Namespace) -> int:
         print(f"rljob-runtime: invalid config: {exc.problems[0]}", file=sys.stderr)
         return EXIT_NOT_RETRIABLE
     from .config_errors import is_config_error
-    from .driver import RunError, RunOptions, prepare, run
+    from .driver import RunOptions, run
+    from .prepare import prepare
     from .report import JobIdentity
+    from .run_error import RunError
     from .wandb_log import RunIdentity
 
     report = args.report_status == "on" or (
@@ -148,9 +151,9 @@ def refused_by_prepare(exc: BaseException) -> bool:
     """Whether `prepare` refused the job for a reason a restart cannot change: the support matrix or
     a spec rule (RunError), the data or a template (ValueError), a local model path that does not
     exist. Not a hub download (HubError): the hub may be unreachable or failing for a while."""
-    from .driver import RunError
     from .hub_rules import HubError
     from .models import ModelNotFoundError
+    from .run_error import RunError
 
     if isinstance(exc, HubError):
         return False

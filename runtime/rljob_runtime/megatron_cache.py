@@ -1,7 +1,7 @@
 """Megatron conversions of ``model.path`` kept in the model cache, one per weights revision.
 
 The operator runs ``rljob-runtime convert megatron-cache --model MODEL`` as a conversion job before
-a megatron training job (``megatron_cache_job.py``); the job's ``driver.prepare`` then
+a megatron training job (``megatron_cache_job.py``); the job's ``prepare.prepare`` then
 starts the trainer from the result (``model.megatronCheckpoint``). Layout:
 
 - ``<cache_root()>/megatron/<source_key>/``: a torch_dist checkpoint (``hf-to-dist``'s output) plus

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from .step_rollout import StepRollout, step_rollout
 
 if TYPE_CHECKING:
-    from .driver import Prepared
+    from .prepare import Prepared
     from .rollout.base import Rollout
 
 

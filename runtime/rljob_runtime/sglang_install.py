@@ -4,7 +4,7 @@ The pin is written once, in ``pyproject.toml``'s ``gpu`` extra (``sglang==0.5.16
 the installed distribution's metadata (``Requires-Dist: sglang==...; extra == "gpu"``), or from the
 source tree's ``pyproject.toml`` when rljob runs from a checkout without being installed (the GPU
 kit). ``check_sglang_installed`` compares it with what ``importlib.metadata`` finds, without
-importing SGLang (a heavy import that needs CUDA): ``driver.prepare`` refuses a job with
+importing SGLang (a heavy import that needs CUDA): ``prepare.prepare`` refuses a job with
 ``rollout.engine: sglang`` before Ray starts when they differ.
 """
 

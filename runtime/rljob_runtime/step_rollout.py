@@ -19,7 +19,7 @@ from .data.sample import Sample
 
 if TYPE_CHECKING:
     from .algo.group_filter import Verdict
-    from .driver import Prepared
+    from .prepare import Prepared
     from .rollout.base import Rollout
 
 

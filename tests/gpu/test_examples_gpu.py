@@ -47,7 +47,8 @@ def test_a_scaled_down_example_runs(name: str, tmp_path: Path) -> None:
 
     if torch.cuda.device_count() < EXAMPLES[name]:
         pytest.skip(f"{name} scaled down needs {EXAMPLES[name]} GPUs")
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     doc = scaled(name, tmp_path)
     result = run(prepare(parse_spec(doc)), RunOptions())

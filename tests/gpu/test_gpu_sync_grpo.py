@@ -161,7 +161,8 @@ def test_gpu_sync_through_the_driver(
     monkeypatch.setattr(driver, "_train", train)
     monkeypatch.setattr(driver, "make_transport", make_transport)
 
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     result = run(prepare(parse_spec(doc)), RunOptions())
 

@@ -38,7 +38,8 @@ def _megatron(doc: dict[str, Any], steps: int | None = None) -> dict[str, Any]:
 
 
 def _run(doc: dict[str, Any]) -> Any:
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     return run(prepare(parse_spec(doc)), RunOptions())
 

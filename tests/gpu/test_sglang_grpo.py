@@ -64,7 +64,8 @@ def test_grpo_learns_colocated_with_sglang(
 ) -> None:
     if backend == "megatron":
         pytest.importorskip("megatron.core")
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     versions = _record_versions(monkeypatch)
     spec = parse_spec(sglang_job(tmp_path, backend=backend))
@@ -97,7 +98,8 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
     import rljob_runtime.rollouts_ahead as rollouts_ahead
     from rljob_runtime.colocation import Turns
     from rljob_runtime.data.sample import Sample, Status
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     # no CUDA graphs: the run's engine and the fresh servers must run the same kernels, and start fast
     args = {**KIT_ARGS, "disable-cuda-graph": ""}
@@ -165,7 +167,8 @@ def test_every_sync_matches_a_fresh_server_and_a_killed_engine_loses_nothing(
 
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("megatron.core")
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     doc = sglang_job(tmp_path, backend="megatron", steps=4, sglang_args={"disable-cuda-graph": ""})
     doc["checkpoint"]["saveInterval"] = 2

@@ -37,7 +37,8 @@ def _two_gpus() -> None:
 def test_every_nccl_sync_matches_a_fresh_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _two_gpus()
     from rljob_runtime.colocation import Turns
-    from rljob_runtime.driver import RunOptions, prepare, run
+    from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.prepare import prepare
 
     args = {**KIT_ARGS, "disable-cuda-graph": ""}
     doc = sglang_job(

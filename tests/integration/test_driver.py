@@ -15,8 +15,9 @@ from rljob_api.resource import parse_spec
 from rljob_api.status import EXIT_PREEMPTED
 from rljob_runtime.checkpoint import store
 from rljob_runtime.data.sample import Sample
-from rljob_runtime.driver import RunOptions, prepare, run
+from rljob_runtime.driver import RunOptions, run
 from rljob_runtime.models import make_tiny_model
+from rljob_runtime.prepare import prepare
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"
 
@@ -353,7 +354,7 @@ def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans
 
 
 def test_unsupported_options_are_refused_by_name(model_dir: Path, tmp_path: Path) -> None:
-    from rljob_runtime.driver import RunError
+    from rljob_runtime.run_error import RunError
 
     valid = spec_for(model_dir, tmp_path / "ckpt", colocate=False, rollout={"gpus": 2, "gpusPerNode": 2})
     # The API refuses these at admission; a spec built in code (model_copy skips validation) still

@@ -22,9 +22,9 @@ from hub_server import HubStandIn
 
 from rljob_api.resource import parse_spec
 from rljob_runtime import cli, hub
-from rljob_runtime.driver import prepare
 from rljob_runtime.hub import HubError
 from rljob_runtime.models import make_tiny_model, resolve_model
+from rljob_runtime.prepare import prepare
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"
 WEIGHTS = "/resolve/"  # what a file download requests (HEAD, then GET)

@@ -513,7 +513,7 @@ def _spec(model: Path, hook: str) -> Any:
 def test_prepare_refuses_a_hook_it_cannot_import_or_call(tiny_model: Path) -> None:
     import ray
 
-    from rljob_runtime.driver import prepare
+    from rljob_runtime.prepare import prepare
 
     with pytest.raises(
         cg.CustomGenerateError,

@@ -14,7 +14,7 @@ import pytest
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.data.prompts import Prompt, PromptSource
 from rljob_runtime.data.sample import Sample, Status
-from rljob_runtime.driver import Prepared
+from rljob_runtime.prepare import Prepared
 from rljob_runtime.step_rollout import dynamic_rollout, flatten_groups
 
 

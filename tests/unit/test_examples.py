@@ -82,7 +82,7 @@ def test_multiturn_tools_example_validates_and_prepares(
     import ray
 
     from rljob_runtime.cli import main
-    from rljob_runtime.driver import prepare
+    from rljob_runtime.prepare import prepare
 
     path = EXAMPLES / "grpo-multiturn-tools.yaml"
     assert main(["validate", "-c", str(path)]) == 0
@@ -171,7 +171,7 @@ def test_every_example_passes_prepare_with_gpus_stood_in(
     installed (the dev environment has both)."""
     import ray
 
-    from rljob_runtime.driver import prepare
+    from rljob_runtime.prepare import prepare
 
     repo = EXAMPLES.parents[1]
     monkeypatch.chdir(repo)  # relative paths resolve against the working directory

@@ -174,7 +174,7 @@ def test_recompute_against_the_spec_and_the_model() -> None:
 
 
 def test_check_layout_refuses_what_does_not_fit_the_model() -> None:
-    """check_megatron (driver.prepare and every rank) runs this before any GPU work: LLAMA_UNTIED has 4
+    """check_megatron (prepare.prepare and every rank) runs this before any GPU work: LLAMA_UNTIED has 4
     layers, 2 per stage at pipeline 2."""
     doc = patched(
         {

@@ -1,5 +1,5 @@
 """The megatron backend's wiring, on CPU: rows sharded by data-parallel rank (TP/PP peers of one
-replica get the same rows), results read from one rank per replica, and driver.prepare refusing
+replica get the same rows), results read from one rank per replica, and prepare.prepare refusing
 what the backend does not support, by name and with the numbers, before Ray starts."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.data.sample import Sample
-from rljob_runtime.driver import RunError, prepare
+from rljob_runtime.prepare import prepare
+from rljob_runtime.run_error import RunError
 from rljob_runtime.trainer.base import rank_rows, replica_leaders, replica_rows
 from rljob_runtime.trainer.group import TrainerGroup
 from rljob_runtime.trainer.megatron.checks import check_layout, unsupported_options

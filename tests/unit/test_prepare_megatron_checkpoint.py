@@ -15,7 +15,8 @@ import pytest
 from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime import megatron_cache
-from rljob_runtime.driver import RunError, check_megatron_checkpoint, prepare
+from rljob_runtime.prepare import check_megatron_checkpoint, prepare
+from rljob_runtime.run_error import RunError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,7 @@ from rljob_runtime import cli, driver, preemption
 from rljob_runtime.data.prompts import DataError
 from rljob_runtime.hub_rules import HubError
 from rljob_runtime.models import ModelNotFoundError
+from rljob_runtime.run_error import RunError
 from rljob_runtime.trainer.megatron.arch import UnsupportedModelError
 
 from spec_cases import patched
@@ -69,7 +70,7 @@ def test_a_missing_local_model_is_refused_by_prepare(
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (driver.RunError("not supported by this runtime yet: x"), EXIT_NOT_RETRIABLE),
+        (RunError("not supported by this runtime yet: x"), EXIT_NOT_RETRIABLE),
         (DataError("prompt data /d.jsonl: no such file"), EXIT_NOT_RETRIABLE),
         (ModelNotFoundError("model.path /m: no config.json"), EXIT_NOT_RETRIABLE),
         (HubError("model.path org/m@main: the hub is unreachable"), 1),  # may work a minute later
@@ -88,7 +89,7 @@ def test_what_prepare_raises_decides_the_exit_status(
     def prepare(spec: object) -> object:
         raise error
 
-    monkeypatch.setattr(driver, "prepare", prepare)
+    monkeypatch.setattr("rljob_runtime.prepare.prepare", prepare)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert code == expected
     assert last == f"rljob-runtime: failed: {error}"
@@ -98,7 +99,7 @@ def test_what_prepare_raises_decides_the_exit_status(
     "error",
     [
         # e.g. faultTolerance.maxTrainerRestarts used up: a whole new Ray cluster may get past it
-        driver.RunError("trainer rank 0 lost at step 3 and 1 of 1 trainer restarts used: node gone"),
+        RunError("trainer rank 0 lost at step 3 and 1 of 1 trainer restarts used: node gone"),
         ValueError("a NaN in the loss"),
         OSError("No space left on device"),
     ],
@@ -110,7 +111,7 @@ def test_once_running_every_failure_is_retriable(
     def run(prepared: object, options: object) -> object:
         raise error
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
+    monkeypatch.setattr("rljob_runtime.prepare.prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (1, f"rljob-runtime: failed: {error}")
@@ -119,7 +120,7 @@ def test_once_running_every_failure_is_retriable(
 def test_a_preempted_run_exits_75_with_its_checkpoint_and_an_interrupted_one_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
+    monkeypatch.setattr("rljob_runtime.prepare.prepare", lambda spec: _Prepared())
     monkeypatch.setattr(
         driver,
         "run",
@@ -174,7 +175,7 @@ def _caused(error: Exception, cause: Exception) -> Exception:
         ),
         ModelNotFoundError("model.path /m: no config.json on this node"),
         _RayTaskError(UnsupportedModelError("rope_type yarn is not built")),
-        _caused(driver.RunError("training.backend megatron: the model cannot be built"), DataError("x")),
+        _caused(RunError("training.backend megatron: the model cannot be built"), DataError("x")),
     ],
     ids=["spec", "data", "unsupported-model", "local-model", "in-a-ray-actor", "as-the-cause"],
 )
@@ -184,7 +185,7 @@ def test_a_configuration_error_is_final_even_once_running(
     def run(prepared: object, options: object) -> object:
         raise error
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
+    monkeypatch.setattr("rljob_runtime.prepare.prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     code, last = _train(_config(tmp_path, patched(CPU)), capsys)
     assert (code, last) == (EXIT_NOT_RETRIABLE, f"rljob-runtime: failed: {' '.join(str(error).split())}")
@@ -196,7 +197,7 @@ def test_a_hub_download_failing_once_running_is_retried(
     def run(prepared: object, options: object) -> object:
         raise HubError("model.path org/m@main: cannot reach the hub")
 
-    monkeypatch.setattr(driver, "prepare", lambda spec: _Prepared())
+    monkeypatch.setattr("rljob_runtime.prepare.prepare", lambda spec: _Prepared())
     monkeypatch.setattr(driver, "run", run)
     assert _train(_config(tmp_path, patched(CPU)), capsys)[0] == 1
 

@@ -53,8 +53,9 @@ def test_the_installed_release_must_be_the_pinned_one(monkeypatch: pytest.Monkey
 
 
 def test_prepare_refuses_a_missing_sglang_before_ray_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rljob_runtime import driver
+    from rljob_runtime.prepare import check_sglang
+    from rljob_runtime.run_error import RunError
 
     monkeypatch.setattr(sglang_install, "installed_sglang_version", lambda: None)
-    with pytest.raises(driver.RunError, match=r"needs SGLang 0\.5\.16"):
-        driver.check_sglang()
+    with pytest.raises(RunError, match=r"needs SGLang 0\.5\.16"):
+        check_sglang()

@@ -15,7 +15,8 @@ from rljob_api.errors import SpecError
 from rljob_api.resource import parse_spec
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.support_doc import BEGIN, END, what_runs_markdown
-from rljob_runtime.driver import RunError, check_spec
+from rljob_runtime.prepare import check_spec
+from rljob_runtime.run_error import RunError
 
 from spec_cases import BASE_SPEC, RULE_CASES, patched
 

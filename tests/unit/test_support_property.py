@@ -23,7 +23,7 @@ from rljob_api.errors import SpecError  # noqa: E402
 from rljob_api.resource import parse_spec  # noqa: E402
 from rljob_api.spec import RLTrainingJobSpec  # noqa: E402
 from rljob_api.support import BACKENDS, DEVICES, ENGINES, ESTIMATORS  # noqa: E402
-from rljob_runtime.driver import check_spec  # noqa: E402
+from rljob_runtime.prepare import check_spec  # noqa: E402
 from rljob_runtime.sync import check_supported  # noqa: E402
 from rljob_runtime.trainer.megatron.checks import check_layout  # noqa: E402
 

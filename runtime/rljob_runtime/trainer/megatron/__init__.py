@@ -7,7 +7,7 @@ Modules that need no megatron-core (pure, unit-tested on CPU, importable in CI):
 - ``convert``: HF <-> Megatron state dicts (fused qkv, gate/up, vocab padding).
 - ``shard``: tensor-parallel split/gather and pipeline stages of a Megatron state dict.
 - ``checks``: what the backend refuses (options by name, the layout with its numbers), run by
-  ``driver.prepare`` before Ray starts and again by each rank.
+  ``prepare.prepare`` before Ray starts and again by each rank.
 - ``testing``: configs with real shapes and random HF weights for tests and benchmarks.
 
 Modules that need megatron-core at run time (``pip install 'rljob[megatron]'``, GPU): ``model``

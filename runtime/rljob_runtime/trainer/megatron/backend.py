@@ -66,7 +66,7 @@ class MegatronTrainerRank(TrainerRankBase):
         distributed_optimizer: bool = True,
         fusions: Iterable[str] = (),
     ) -> None:
-        # Everything that can be refused is refused here (driver.prepare did it too), before any
+        # Everything that can be refused is refused here (prepare.prepare did it too), before any
         # process group or GPU memory.
         super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
         self.shape, self.par = check_megatron(spec, self.model_path, gpus=world_size)

@@ -1,4 +1,4 @@
-"""What the megatron backend refuses, checked before Ray starts (``driver.prepare``) and again by each
+"""What the megatron backend refuses, checked before Ray starts (``prepare.prepare``) and again by each
 rank: options this runtime does not implement yet (the support matrix, ``rljob_api.support``, which
 the API server applies at admission with the same words), the model (HF config.json only) and the
 layout (which needs config.json, so it stays at run time).
