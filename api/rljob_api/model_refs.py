@@ -4,7 +4,7 @@ rules (CEL and Python).
 A reference is a path in the pods or, for model.path and model.tokenizer, a Hugging Face hub id.
 A path begins with '/', '.' or '~', or is a single name without '/' or '@' (relative to the
 runtime's working directory). Anything else is read as a hub id and must be one: Org/Name or
-Org/Name@<branch, tag or commit>, as the runtime's downloader parses it (rljob_runtime.hub_rules),
+Org/Name@<branch, tag or commit>, as the runtime's downloader parses it (rljob_runtime.models.hub_rules),
 in ASCII. URLs are refused: the runtime downloads from the hub (or a mirror, HF_ENDPOINT) only.
 """
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rljob_api.resource import parse_spec
     from rljob_runtime.driver import RunOptions, prepare, run
-    from rljob_runtime.models import resolve_model
+    from rljob_runtime.models.resolve import resolve_model
 
     root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-colocated-"))
     tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the data's chat template

@@ -552,7 +552,7 @@ def gpu_name() -> str | None:
 
 def model_dir_for(args: argparse.Namespace) -> Path:
     """``<root>/smollm2/qwen3-<model>``: written once (on the CPU), SmolLM2's tokenizer and vocabulary."""
-    from rljob_runtime.models import smollm2_tokenizer_dir
+    from rljob_runtime.models.smollm2 import smollm2_tokenizer_dir
 
     root = args.model_root or Path(tempfile.mkdtemp(prefix="rljob-throughput-"))
     started = time.monotonic()

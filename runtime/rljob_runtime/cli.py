@@ -149,8 +149,8 @@ def refused_by_prepare(exc: BaseException) -> bool:
     a spec rule (RunError), the data or a template (ValueError), a local model path that does not
     exist. Not a hub download (HubError): the hub may be unreachable or failing for a while."""
     from .driver import RunError
-    from .hub_rules import HubError
-    from .models import ModelNotFoundError
+    from .models.errors import ModelNotFoundError
+    from .models.hub_rules import HubError
 
     if isinstance(exc, HubError):
         return False

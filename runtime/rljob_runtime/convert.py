@@ -37,7 +37,7 @@ or missing or of another shape. Run it after ``dist-to-hf`` of a fresh conversio
 ``megatron-cache`` and ``export`` are what the operator's conversion jobs run (their last line is the
 job's result: success, or ``conversion failed: ...`` / ``export failed: ...`` naming the tensor or
 file, exit status 1). ``megatron-cache`` resolves ``model.path`` (a hub id downloads into $HF_HOME)
-and converts it once into the model cache (``megatron_cache.py``: one directory per weights
+and converts it once into the model cache (``models/megatron_cache.py``: one directory per weights
 revision, reused by every later job, a file lock against two jobs converting it at once).
 The conversion reads config.json and the safetensors and runs no model code (so it needs no
 ``trust_remote_code``). ``export`` writes the saved iteration N of a
@@ -415,9 +415,10 @@ def verify(checkpoint: str | Path, model_dir: str | Path, *, atol: float = 0.0) 
 
 def megatron_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
     """Convert ``model`` (model.path: a directory or a hub id) into the model cache unless a complete
-    conversion of the same weights is there (``megatron_cache.py``); returns the line to print."""
-    from . import megatron_cache as cache
-    from .models import file_lock, resolve_model
+    conversion of the same weights is there (``models/megatron_cache.py``); returns the line to print."""
+    from .models import megatron_cache as cache
+    from .models.cache import file_lock, lock_path
+    from .models.resolve import resolve_model
 
     source = resolve_model(model)
     _check_layout(source, tp, pp)  # refused before waiting for a lock, reused or not
@@ -426,7 +427,7 @@ def megatron_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
     def waiting() -> None:
         print(f"waiting for another job converting {source} into {target}", flush=True)
 
-    with file_lock(cache.lock_path(target), on_wait=waiting):
+    with file_lock(lock_path(target), on_wait=waiting):
         record = cache.read_record(target)
         if record is not None:
             return f"reused {target} (converted {record.get('converted_at', 'at an unknown time')})"
@@ -446,10 +447,10 @@ def megatron_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
 def export_iteration(checkpoints: str | Path, step: int, out: str | Path, *, model: str | None = None) -> str:
     """Write the saved iteration ``step`` under ``checkpoints`` as an HF directory at ``out`` (see the
     module docstring); returns the line to print. A lock beside ``out`` serializes two exports to it."""
-    from .models import file_lock
+    from .models.cache import file_lock, lock_path
 
     root, out = Path(checkpoints), Path(os.path.abspath(out))
-    with file_lock(out.parent / f".{out.name}.lock"):
+    with file_lock(lock_path(out)):
         if os.path.lexists(out):
             return _reused_export(out, root, step)
         iteration = _complete_iteration(root, step)
@@ -523,7 +524,7 @@ def _complete_iteration(root: Path, step: int) -> Path:
 def _export_dist(iteration: Path, out: Path, root: Path, step: int, model: str | None) -> str:
     """dist-to-hf of the iteration's dist/, also compared with its model/ export when it has one."""
     from .checkpoint import store
-    from .models import resolve_model
+    from .models.resolve import resolve_model
     from .trainer.megatron.arch import model_shape
     from .trainer.megatron.checkpoint import read_hf_state
 

@@ -35,7 +35,7 @@ import ray
 
 from .. import engine_api
 from ..data.sample import Sample
-from ..models import resolve_tokenizer
+from ..models.resolve import resolve_tokenizer
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .engine_actor import EngineActor, EngineStartError, actor_options, engine_seed
 from .engine_update import EngineUpdate
