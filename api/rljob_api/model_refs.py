@@ -6,7 +6,7 @@ a packaged model. A packaged model is named `wheel:<package>`: a model that a Py
 and the runtime builds offline, without the hub (PACKAGED_MODELS lists the ones it knows). A path
 begins with '/', '.' or '~', or is a single name without '/' or '@' (relative to the runtime's
 working directory). Anything else is read as a hub id and must be one: Org/Name or
-Org/Name@<branch, tag or commit>, as the runtime's downloader parses it (rljob_runtime.hub_rules),
+Org/Name@<branch, tag or commit>, as the runtime's downloader parses it (rljob_runtime.models.hub_rules),
 in ASCII. URLs are refused: the runtime downloads from the hub (or a mirror, HF_ENDPOINT) only.
 """
 
@@ -117,7 +117,9 @@ def model_ref_rules(name: str, attr: str, *, hub: bool, optional: bool = False) 
                 message=f"{label} names a packaged model the runtime does not know; the packaged models "
                 f"are: {known}. For any other model use {instead}",
                 field=f".{name}",
-                check=lambda o: (text := value(o)) is None or not is_packaged_ref(text) or text in PACKAGED_MODELS,
+                check=lambda o: (
+                    (text := value(o)) is None or not is_packaged_ref(text) or text in PACKAGED_MODELS
+                ),
             )
         )
         rules.append(

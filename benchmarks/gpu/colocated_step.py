@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rljob_api.resource import parse_spec
     from rljob_runtime.driver import RunOptions, run
-    from rljob_runtime.models import resolve_model
+    from rljob_runtime.models.resolve import resolve_model
     from rljob_runtime.prepare import prepare
 
     root = dir_or_temp(args.model_root, "rljob-colocated-")

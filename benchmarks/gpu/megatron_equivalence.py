@@ -9,8 +9,8 @@ the model is recorded with the refusal message. PP=2 is checked for the export r
     torchrun --nproc-per-node 2 benchmarks/gpu/megatron_equivalence.py --json /tmp/eq.json \\
         --models qwen3,qwen2,llama,smollm2 --tp 1,2 --pp 2
 
-``smollm2`` reads the real SmolLM2-135M-Instruct weights through ``rljob_runtime.models.resolve_model``
-(or ``--smollm2-dir``); the others are random-weight models of real shapes (``testing``).
+``smollm2`` reads the real SmolLM2-135M-Instruct weights through
+``rljob_runtime.models.resolve.resolve_model`` (or ``--smollm2-dir``); the others are random-weight models of real shapes (``testing``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def load_model(
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from rljob_runtime.models import SMOLLM2_ID, resolve_model
+    from rljob_runtime.models.resolve import resolve_model
+    from rljob_runtime.models.smollm2 import SMOLLM2_ID
 
     path = Path(smollm2_dir) if smollm2_dir else resolve_model(SMOLLM2_ID)
     config = json.loads((path / "config.json").read_text())

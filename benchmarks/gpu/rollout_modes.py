@@ -47,7 +47,7 @@ if any failed. ``--merge A.json B.json ... --out ALL.json`` prints the combined 
     python3 benchmarks/gpu/rollout_modes.py --modes one-step-off --out /tmp/j/modes-one-step-off.json
     python3 benchmarks/gpu/rollout_modes.py --merge /tmp/j/modes-*.json --out /tmp/j/modes-all.json
     # here (no GPU): the harness with the hf engine and a tiny random model (a couple of minutes)
-    .venv/bin/python -c "from rljob_runtime.models import make_tiny_model; make_tiny_model('/tmp/tiny')"
+    .venv/bin/python -c "from rljob_runtime.models.tiny_model import make_tiny_model; make_tiny_model('/tmp/tiny')"
     .venv/bin/python benchmarks/gpu/rollout_modes.py --device cpu --engine hf --model /tmp/tiny \\
         --modes sync one-step-off --steps 2 --batch 4 --n 2 --max-response-len 16 --out /tmp/modes.json
 """
@@ -555,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_report(list(doc["modes"].values()))
         write(args.out, doc)
         return 0
-    from rljob_runtime.models import resolve_model
+    from rljob_runtime.models.resolve import resolve_model
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rljob-modes-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -551,7 +551,7 @@ def gpu_name() -> str | None:
 
 def model_dir_for(args: argparse.Namespace) -> Path:
     """``<root>/smollm2/qwen3-<model>``: written once (on the CPU), SmolLM2's tokenizer and vocabulary."""
-    from rljob_runtime.models import smollm2_tokenizer_dir
+    from rljob_runtime.models.smollm2 import smollm2_tokenizer_dir
 
     root = dir_or_temp(args.model_root, "rljob-throughput-")
     started = time.monotonic()

@@ -151,8 +151,8 @@ def refused_by_prepare(exc: BaseException) -> bool:
     """Whether `prepare` refused the job for a reason a restart cannot change: the support matrix or
     a spec rule (RunError), the data or a template (ValueError), a local model path that does not
     exist. Not a hub download (HubError): the hub may be unreachable or failing for a while."""
-    from .hub_rules import HubError
-    from .models import ModelNotFoundError
+    from .models.errors import ModelNotFoundError
+    from .models.hub_rules import HubError
     from .run_error import RunError
 
     if isinstance(exc, HubError):

@@ -26,8 +26,8 @@ def _config_kinds() -> tuple[type[BaseException], ...]:
 def _local_model_missing(exc: BaseException) -> bool:
     """A local model path that does not hold a model; not a hub download (HubError), which may
     work a minute later."""
-    from .hub_rules import HubError
-    from .models import ModelNotFoundError
+    from .models.errors import ModelNotFoundError
+    from .models.hub_rules import HubError
 
     return isinstance(exc, ModelNotFoundError) and not isinstance(exc, HubError)
 

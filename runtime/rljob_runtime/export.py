@@ -39,10 +39,10 @@ EXPORT_RECORD = "rljob-export.json"
 def export_iteration(checkpoints: str | Path, step: int, out: str | Path, *, model: str | None = None) -> str:
     """Write the saved iteration ``step`` under ``checkpoints`` as an HF directory at ``out`` (see the
     module docstring); returns the line to print. A lock beside ``out`` serializes two exports to it."""
-    from .models import file_lock
+    from .models.cache import file_lock, lock_path
 
     root, out = Path(checkpoints), Path(os.path.abspath(out))
-    with file_lock(out.parent / f".{out.name}.lock"):
+    with file_lock(lock_path(out)):
         if os.path.lexists(out):
             return _reused_export(out, root, step)
         iteration = _complete_iteration(root, step)
@@ -116,7 +116,7 @@ def _complete_iteration(root: Path, step: int) -> Path:
 def _export_dist(iteration: Path, out: Path, root: Path, step: int, model: str | None) -> str:
     """dist-to-hf of the iteration's dist/, also compared with its model/ export when it has one."""
     from .checkpoint import store
-    from .models import resolve_model
+    from .models.resolve import resolve_model
     from .trainer.megatron.arch import model_shape
     from .trainer.megatron.checkpoint import read_hf_state
     from .trainer.megatron.checks import read_hf_config

@@ -3,7 +3,7 @@
 the operator runs before a megatron training job.
 
 ``convert_into_cache`` resolves ``model.path`` (a hub id downloads into $HF_HOME) and converts it
-(``trainer/megatron/checkpoint_convert.hf_to_dist``) into the model cache (``megatron_cache.py``: one
+(``trainer/megatron/checkpoint_convert.hf_to_dist``) into the model cache (``models/megatron_cache.py``: one
 directory per weights revision, reused by every later job, a file lock against two jobs converting
 it at once). The conversion reads config.json and the safetensors and runs no model code (so it
 needs no ``trust_remote_code``). Everything runs on CPU.
@@ -25,9 +25,10 @@ from .trainer.megatron.checkpoint_convert import (
 
 def convert_into_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
     """Convert ``model`` (model.path: a directory or a hub id) into the model cache unless a complete
-    conversion of the same weights is there (``megatron_cache.py``); returns the line to print."""
-    from . import megatron_cache as cache
-    from .models import file_lock, resolve_model
+    conversion of the same weights is there (``models/megatron_cache.py``); returns the line to print."""
+    from .models import megatron_cache as cache
+    from .models.cache import file_lock, lock_path
+    from .models.resolve import resolve_model
 
     source = resolve_model(model)
     check_layout(source, tp, pp)  # refused before waiting for a lock, reused or not
@@ -36,7 +37,7 @@ def convert_into_cache(model: str, *, tp: int = 1, pp: int = 1) -> str:
     def waiting() -> None:
         print(f"waiting for another job converting {source} into {target}", flush=True)
 
-    with file_lock(cache.lock_path(target), on_wait=waiting):
+    with file_lock(lock_path(target), on_wait=waiting):
         record = cache.read_record(target)
         if record is not None:
             return f"reused {target} (converted {record.get('converted_at', 'at an unknown time')})"

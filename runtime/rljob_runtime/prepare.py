@@ -20,7 +20,7 @@ from .carried import CarriedGroups
 from .data.prompts import EvalDataset, PromptSource, load_eval_datasets
 from .data.rewards.base import RewardFunction
 from .data.rewards.build import build_reward, reward_needs_label
-from .models import resolve_model, resolve_tokenizer
+from .models.resolve import resolve_model, resolve_tokenizer
 from .rollout.custom_generate import load_hook
 from .run_error import RunError
 
@@ -124,7 +124,7 @@ def use_megatron_cache(spec: RLTrainingJobSpec, model_path: str) -> RLTrainingJo
     """``spec`` starting from the conversion of model.path that the operator's conversion job wrote
     into the model cache, when the operator says it ran one (MEGATRON_CACHE_ENV) and the spec names
     no model.megatronCheckpoint of its own; else ``spec`` unchanged."""
-    from .megatron_cache import converted_dir, is_converted
+    from .models.megatron_cache import converted_dir, is_converted
 
     if os.environ.get(MEGATRON_CACHE_ENV) != "1" or spec.model.megatron_checkpoint is not None:
         return spec

@@ -70,7 +70,7 @@ def _bound_claim(crd: Any, namespace: str, name: str, path: Path) -> None:
 
 def converted(cache: Path, model: Path) -> Path:
     """Where the conversion job puts `model`'s Megatron checkpoint in the model cache `cache`."""
-    from rljob_runtime.megatron_cache import CACHE_DIR, source_key
+    from rljob_runtime.models.megatron_cache import CACHE_DIR, source_key
 
     return cache / CACHE_DIR / source_key(model)
 
@@ -113,7 +113,7 @@ def _phases(crd: Any, namespace: str, name: str) -> list[str]:
 def test_a_megatron_job_converts_its_model_once_per_revision(
     crd: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
     from rljob_runtime.trainer.megatron.checkpoint_convert import verify
 
     model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)

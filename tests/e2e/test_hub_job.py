@@ -22,7 +22,7 @@ from operator_process import OperatorProcess
 from test_operator import condition, in_phase, tiny_training_job, wait_for
 
 from rljob_api.contract import ENTRYPOINT
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.e2e
 

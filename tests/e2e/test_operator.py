@@ -446,7 +446,7 @@ def test_runtime_reports_progress_with_its_own_least_privilege_identity(
 def tiny_training_job(tmp_path: Path, name: str, namespace: str, num_rollout: int) -> dict[str, Any]:
     """An RLTrainingJob running the real runtime (no entrypoint override) on a random-weight tiny
     model: seconds per step on CPU."""
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
     data = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"

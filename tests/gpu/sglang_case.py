@@ -29,7 +29,8 @@ PROMPTS = [
 
 
 def smollm2() -> str:
-    from rljob_runtime.models import ModelNotFoundError, resolve_model
+    from rljob_runtime.models.errors import ModelNotFoundError
+    from rljob_runtime.models.resolve import resolve_model
 
     try:
         return str(resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct"))

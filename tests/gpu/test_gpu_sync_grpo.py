@@ -77,7 +77,8 @@ def test_gpu_sync_through_the_driver(
 
     import rljob_runtime.driver as driver
     from rljob_runtime.data.sample import Sample
-    from rljob_runtime.models import ModelNotFoundError, resolve_model
+    from rljob_runtime.models.errors import ModelNotFoundError
+    from rljob_runtime.models.resolve import resolve_model
     from rljob_runtime.sync.checksum import checksums
 
     doc = demo_spec("grpo", 1, tmp_path / "ckpt", steps=STEPS)

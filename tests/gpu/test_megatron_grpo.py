@@ -56,7 +56,7 @@ def _report(name: str, history: list[dict[str, float]]) -> list[dict[str, float]
 
 
 def test_driver_loop_with_a_tiny_model(tmp_path: Path) -> None:
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
     doc = _megatron(demo_spec("grpo", 1, tmp_path / "ckpt", steps=2))
@@ -73,7 +73,8 @@ def test_driver_loop_with_a_tiny_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_megatron_grpo_learns(seed: int, tmp_path: Path) -> None:
-    from rljob_runtime.models import ModelNotFoundError, resolve_model
+    from rljob_runtime.models.errors import ModelNotFoundError
+    from rljob_runtime.models.resolve import resolve_model
 
     doc = _megatron(demo_spec("grpo", seed, tmp_path / "ckpt"))
     try:

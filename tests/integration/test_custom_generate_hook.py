@@ -27,7 +27,8 @@ from rollout_on_ray import rollout_on_ray
 
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
-from rljob_runtime.models import SMOLLM2_ID, resolve_model
+from rljob_runtime.models.resolve import resolve_model
+from rljob_runtime.models.smollm2 import SMOLLM2_ID
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager
 

@@ -16,7 +16,7 @@ from rljob_api.status import EXIT_PREEMPTED
 from rljob_runtime.checkpoint import store
 from rljob_runtime.data.sample import Sample
 from rljob_runtime.driver import RunOptions, run
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.prepare import prepare
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.rollout.engine_actor import EngineProcess
 from rljob_runtime.rollout.hf_engine import HFEngine
 

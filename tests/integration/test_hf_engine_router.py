@@ -31,7 +31,7 @@ import torch
 import transformers
 
 from rljob_runtime import engine_api
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.sync.checksum import checksums
 
 HOST = "127.0.0.1"

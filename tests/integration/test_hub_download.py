@@ -21,9 +21,11 @@ import yaml
 from hub_server import HubStandIn
 
 from rljob_api.resource import parse_spec
-from rljob_runtime import cli, hub
-from rljob_runtime.hub import HubError
-from rljob_runtime.models import make_tiny_model, resolve_model
+from rljob_runtime import cli
+from rljob_runtime.models import hub
+from rljob_runtime.models.hub import HubError
+from rljob_runtime.models.resolve import resolve_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.prepare import prepare
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data" / "add-1digit.jsonl"
@@ -244,7 +246,10 @@ def test_progress_lines_are_throttled_while_bytes_arrive(
 
 def test_concurrent_processes_download_once(env: HubStandIn) -> None:
     env.seconds_per_mb = 0.25  # about 4 s: the second process starts while the first downloads
-    code = "import sys; from rljob_runtime.models import resolve_model; print(resolve_model(sys.argv[1]))"
+    code = (
+        "import sys; from rljob_runtime.models.resolve import resolve_model; "
+        "print(resolve_model(sys.argv[1]))"
+    )
     mark = len(env.requests)
     procs = [
         subprocess.Popen(

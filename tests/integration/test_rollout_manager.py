@@ -26,7 +26,7 @@ from rollout_on_ray import rollout_on_ray
 
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.rollout.errors import EngineRestartsExhausted, RolloutError
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager

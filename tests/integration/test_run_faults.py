@@ -24,7 +24,7 @@ import pytest
 from rljob_api.resource import parse_spec
 from rljob_runtime.checkpoint import store
 from rljob_runtime.driver import RunOptions, run
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.prepare import prepare
 from rljob_runtime.run_error import RunError
 from rljob_runtime.trainer.group import TrainerGroup

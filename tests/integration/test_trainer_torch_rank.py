@@ -13,7 +13,7 @@ import torch
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.algo.advantages import compute_advantages
 from rljob_runtime.data.sample import Sample
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.trainer.base import build_batch
 from rljob_runtime.trainer.torch_backend import TorchTrainerRank
 

@@ -22,7 +22,7 @@ import ray
 
 from rljob_runtime import placement as placement_mod
 from rljob_runtime.config import config_from_document
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager
 from rljob_runtime.sync import make_transport

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rljob_runtime.cli import main
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

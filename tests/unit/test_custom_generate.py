@@ -491,7 +491,7 @@ def test_tool_output_and_call_parsing() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 

@@ -226,7 +226,7 @@ def test_the_local_object_store_holds_the_demo_weights(monkeypatch: pytest.Monke
 
     from gguf import GGUFReader
 
-    from rljob_runtime.models import smollm2_gguf_path
+    from rljob_runtime.models.smollm2 import smollm2_gguf_path
 
     monkeypatch.syspath_prepend(str(REPO / "tools" / "devcluster"))
     import ray_local

@@ -120,7 +120,7 @@ def _stand_in_model(dest: Path, name: str) -> Path:
     import json
     import shutil
 
-    from rljob_runtime.models import resolve_model
+    from rljob_runtime.models.resolve import resolve_model
 
     smol = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
     dest.mkdir(parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.rollout.hf_engine import HFEngine, Request, SamplingParams
 
 PROMPT = [1780, 314, 216, 34, 27, 35, 47]

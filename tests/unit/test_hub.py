@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from rljob_api.status import Progress
-from rljob_runtime.hub_rules import (
+from rljob_runtime.models.errors import ModelNotFoundError
+from rljob_runtime.models.hub_rules import (
     Failure,
     HubError,
     HubRef,
@@ -24,7 +25,6 @@ from rljob_runtime.hub_rules import (
     progress_text,
     select_files,
 )
-from rljob_runtime.models import ModelNotFoundError
 from rljob_runtime.report import JobIdentity, message_document
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from test_convert_cli import LLAMA, write_model
 
-from rljob_runtime import megatron_cache as cache
 from rljob_runtime.convert_cli import main
-from rljob_runtime.models import file_lock
+from rljob_runtime.models import megatron_cache as cache
+from rljob_runtime.models.cache import file_lock, lock_path
 
 
 @pytest.fixture()
@@ -146,7 +146,7 @@ def test_a_second_job_waits_for_the_first_and_reuses_its_conversion(tmp_path: Pa
     target = cache.converted_dir(model)
     results: list[tuple[int, list[str], list[str]]] = []
     argv = ["megatron-cache", "--model", str(model)]
-    with file_lock(cache.lock_path(target)):  # the first job, converting
+    with file_lock(lock_path(target)):  # the first job, converting
         waiter = threading.Thread(target=lambda: results.append(run_main(argv)))
         waiter.start()
         time.sleep(1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rljob_api.model_refs import PACKAGED_MODELS, is_hub_id, is_packaged_ref, is_url, meant_as_hub_id
-from rljob_runtime.hub_rules import HubError, HubRef, parse_hub_ref
+from rljob_runtime.models.hub_rules import HubError, HubRef, parse_hub_ref
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

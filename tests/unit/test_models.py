@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rljob_runtime.models import SMOLLM2_ID, ModelNotFoundError, resolve_model
+from rljob_runtime.models.errors import ModelNotFoundError
+from rljob_runtime.models.resolve import resolve_model
+from rljob_runtime.models.smollm2 import SMOLLM2_ID
 
 
 def test_local_directory_is_used_as_is(tmp_path: Path) -> None:
@@ -60,16 +62,17 @@ def test_smollm2_builds_from_the_gguf_wheel(tmp_path: Path, monkeypatch: pytest.
 def test_a_worker_that_cannot_see_the_drivers_model_resolves_it_again(tmp_path, monkeypatch) -> None:
     """prepare resolves the model on the head's pod; a trainer or engine on another pod without
     a shared model cache does not see that directory and resolves the reference itself."""
-    from rljob_runtime import models
+    from rljob_runtime.models import resolve as resolution
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
-    here = models.make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
-    assert models.model_on_this_node("Org/Tiny", str(here)) == str(here)  # visible: used as is
+    here = make_tiny_model(tmp_path / "tiny", arch="llama", seed=0)
+    assert resolution.model_on_this_node("Org/Tiny", str(here)) == str(here)  # visible: used as is
     calls: list[str] = []
 
     def resolve(ref: str, *, field: str = "model.path", report=None):
         calls.append(ref)
         return here
 
-    monkeypatch.setattr(models, "resolve_model", resolve)
-    assert models.model_on_this_node("Org/Tiny", "/head-pod/cache/snapshots/abc") == str(here)
+    monkeypatch.setattr(resolution, "resolve_model", resolve)
+    assert resolution.model_on_this_node("Org/Tiny", "/head-pod/cache/snapshots/abc") == str(here)
     assert calls == ["Org/Tiny"]

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from rljob_runtime import engine_api
 from rljob_runtime.data.sample import Sample, Status, stale_token_mask
-from rljob_runtime.models import make_tiny_model
+from rljob_runtime.models.tiny_model import make_tiny_model
 from rljob_runtime.rollout.generate import RetryPolicy, generate_one, generate_samples
 from rljob_runtime.rollout.hf_engine import HFEngine, Request, SamplingParams
 from rljob_runtime.rollout.hf_server import HFServer

@@ -14,7 +14,7 @@ import pytest
 
 from rljob_api.contract import MEGATRON_CACHE_ENV
 from rljob_api.spec import RLTrainingJobSpec
-from rljob_runtime import megatron_cache
+from rljob_runtime.models import megatron_cache
 from rljob_runtime.prepare import check_megatron_checkpoint, prepare
 from rljob_runtime.run_error import RunError
 
@@ -46,7 +46,7 @@ def test_a_run_iteration_or_its_dist_directory_is_accepted(tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 

@@ -161,7 +161,7 @@ def test_the_data_file_parses_as_the_runtime_reads_it(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     from rljob_runtime.data.prompts import PromptSource
-    from rljob_runtime.models import smollm2_tokenizer_dir
+    from rljob_runtime.models.smollm2 import smollm2_tokenizer_dir
 
     path = rm.write_jsonl(tmp_path / "d.jsonl", rm.make_rows(40))
     spec = parse_spec(rm.mode_spec("sync", cfg()))

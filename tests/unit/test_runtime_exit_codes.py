@@ -15,8 +15,8 @@ from rljob_api.resource import API_VERSION, KIND
 from rljob_api.status import EXIT_NOT_RETRIABLE, EXIT_PREEMPTED
 from rljob_runtime import cli, driver, preemption
 from rljob_runtime.data.prompts import DataError
-from rljob_runtime.hub_rules import HubError
-from rljob_runtime.models import ModelNotFoundError
+from rljob_runtime.models.errors import ModelNotFoundError
+from rljob_runtime.models.hub_rules import HubError
 from rljob_runtime.run_error import RunError
 from rljob_runtime.trainer.megatron.arch import UnsupportedModelError
 

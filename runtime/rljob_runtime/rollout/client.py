@@ -21,7 +21,7 @@ import aiohttp
 
 from .. import engine_api
 from ..data.sample import Sample
-from ..models import resolve_tokenizer
+from ..models.resolve import resolve_tokenizer
 from .custom_generate import Hook, generate_samples_with_hook, load_hook
 from .errors import EngineGone, RolloutError, WeightUpdateError
 from .generate import Hold, RetryPolicy, generate_samples, sampling_params_from_spec

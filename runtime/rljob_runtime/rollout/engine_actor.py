@@ -30,7 +30,7 @@ import ray
 from rljob_api.support import HF_SGLANG_ARGS
 
 from .. import engine_api
-from ..models import model_on_this_node, tokenizer_on_this_node
+from ..models.resolve import model_on_this_node, tokenizer_on_this_node
 from ..net import free_port
 from . import procs
 

@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from ..models import resolve_model
+    from ..models.resolve import resolve_model
 
     model_path = resolve_model(args.model_path)
     started = time.time()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ..models import resolve_tokenizer
+from ..models.resolve import resolve_tokenizer
 from .engine_actor import EngineActor, actor_options, engine_seed
 from .engines import Engine, kill_actor
 from .errors import RolloutError

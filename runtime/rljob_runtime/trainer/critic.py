@@ -27,7 +27,7 @@ HEAD_PREFIX = "score."  # GenericForTokenClassification's head
 def critic_path(spec: RLTrainingJobSpec, model_path: str) -> str:
     """The critic's initial weights as this process sees them: ``algorithm.critic.path`` (a directory
     or a hub id, which prepare has already downloaded into the cache) or the policy's."""
-    from ..models import resolve_model
+    from ..models.resolve import resolve_model
 
     reference = spec.algorithm.critic.path
     return str(resolve_model(reference, field=CRITIC_FIELD)) if reference else model_path

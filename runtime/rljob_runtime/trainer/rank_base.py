@@ -22,7 +22,7 @@ from rljob_api.spec import RLTrainingJobSpec
 from ..algo.batching import steps_per_rollout
 from ..algo.losses import policy_loss
 from ..algo.packing import plan_micro_batches
-from ..models import model_on_this_node
+from ..models.resolve import model_on_this_node
 from ..net import free_port, node_ip
 from .base import (
     Metrics,

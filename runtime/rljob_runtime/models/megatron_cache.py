@@ -7,8 +7,8 @@ starts the trainer from the result (``model.megatronCheckpoint``). Layout:
 - ``<cache_root()>/megatron/<source_key>/``: a torch_dist checkpoint (``hf-to-dist``'s output) plus
   the completion record ``rljob-conversion.json``, written into the staging directory before the
   rename: a directory without it is a leftover of an interrupted conversion and is never used.
-- ``<cache_root()>/megatron/.<source_key>.lock``: the file lock that makes jobs converting the same
-  model at once (pods sharing resources.modelCache) convert it once.
+- ``<cache_root()>/megatron/.<source_key>.lock`` (``cache.lock_path``): the file lock that makes jobs
+  converting the same model at once (pods sharing resources.modelCache) convert it once.
 
 ``source_key`` names the weights' revision, so a model replaced in place gets a new conversion and
 an unchanged one is reused. Pure except for reading the model directory and the record.
@@ -76,11 +76,6 @@ def source_key(model_dir: Path) -> str:
 
 def converted_dir(model_dir: Path) -> Path:
     return cache_root() / CACHE_DIR / source_key(model_dir)
-
-
-def lock_path(directory: Path) -> Path:
-    """The lock beside a converted directory (not inside: the directory is renamed into place)."""
-    return directory.parent / f".{directory.name}.lock"
 
 
 def read_record(directory: Path) -> dict[str, Any] | None:

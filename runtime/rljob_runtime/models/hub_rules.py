@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from .models import ModelNotFoundError
+from .errors import ModelNotFoundError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROGRESS_INTERVAL_S = 10.0  # at most one progress line (and one status patch) per interval

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache import file_lock
 from .hub_rules import (
     METADATA_TIMEOUT_S,
     POLL_S,
@@ -52,7 +53,6 @@ from .hub_rules import (
     progress_text,
     select_files,
 )
-from .models import file_lock
 
 
 def _repo_folder(repo_id: str) -> str:
@@ -269,6 +269,6 @@ def download(
 
 def console_and_status() -> Report:
     """stdout, and under the operator the job's status.progress.message."""
-    from .report import JobIdentity, ProgressReporter
+    from ..report import JobIdentity, ProgressReporter
 
     return ProgressReporter(0, job=JobIdentity.from_env(), tensorboard_dir=None, stream=sys.stdout).message
