@@ -28,10 +28,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with the package and its dev/operator/runtime extras
 
-lint: venv ## ruff check + format check, import contracts, long modules (tools/long_files.py), types (typecheck), image lock files (locks-check), Dockerfiles (hadolint)
+lint: venv ## ruff check + format check, import contracts and cycles (tools/import_cycles.py), long modules (tools/long_files.py), types (typecheck), image lock files (locks-check), Dockerfiles (hadolint)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/import_cycles.py
 	$(PY) tools/long_files.py
 	@$(MAKE) -s --no-print-directory typecheck locks-check hadolint
 

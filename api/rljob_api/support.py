@@ -15,16 +15,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import Protocol, get_args
 
 from .rules import Rule
-from .spec_algorithm import AdvantageEstimator
+from .spec_algorithm import AdvantageEstimator, AlgorithmSpec
 from .spec_resources import ResourcesSpec
 from .spec_rollout import RolloutSpec
 from .spec_training import TrainingSpec
+from .spec_workload import ModelSpec
 
-if TYPE_CHECKING:  # the spec imports this module to attach the rules
-    from .spec import RLTrainingJobSpec
+
+class JobSpec(Protocol):
+    """The parts of RLTrainingJobSpec the support matrix reads. A Protocol, not the spec's class:
+    spec.py imports this module to attach the rules, and this one must not import it back."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def algorithm(self) -> AlgorithmSpec: ...
+    @property
+    def rollout(self) -> RolloutSpec: ...
+    @property
+    def training(self) -> TrainingSpec: ...
+    @property
+    def resources(self) -> ResourcesSpec: ...
+
 
 NOT_YET = "not supported by this runtime yet"
 
@@ -75,7 +90,7 @@ class Limit:
     what: str  # what is not supported, in the manifest's words
     instead: str  # what to do instead
     cel: str
-    supported: Callable[[RLTrainingJobSpec], bool]
+    supported: Callable[[JobSpec], bool]
 
     @property
     def message(self) -> str:
@@ -163,7 +178,7 @@ def _colocated_nodes_limit(device: str, most: int) -> Limit:
     )
 
 
-def _mode(spec: RLTrainingJobSpec) -> str:
+def _mode(spec: JobSpec) -> str:
     return "colocated" if spec.resources.colocate else "disaggregated"
 
 
@@ -282,7 +297,7 @@ LIMITS: tuple[Limit, ...] = _combination_limits() + FEATURES_NOT_YET
 SUPPORT_RULES: tuple[Rule, ...] = tuple(limit.rule() for limit in LIMITS)
 
 
-def unsupported(spec: RLTrainingJobSpec) -> list[str]:
+def unsupported(spec: JobSpec) -> list[str]:
     """'spec.<field>: not supported by this runtime yet: ...' for everything in `spec` this runtime
     does not run, in the API server's words (empty for a spec the API server admitted)."""
     return [limit.problem() for limit in LIMITS if not limit.supported(spec)]
