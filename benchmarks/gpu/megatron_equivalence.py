@@ -70,9 +70,9 @@ def load_model(
     from transformers import AutoTokenizer
 
     from rljob_runtime.models.resolve import resolve_model
-    from rljob_runtime.models.smollm2 import SMOLLM2_ID
+    from rljob_runtime.models.smollm2 import SMOLLM2_REF
 
-    path = Path(smollm2_dir) if smollm2_dir else resolve_model(SMOLLM2_ID)
+    path = Path(smollm2_dir) if smollm2_dir else resolve_model(SMOLLM2_REF)
     config = json.loads((path / "config.json").read_text())
     state: dict[str, torch.Tensor] = {}
     for file in sorted(path.glob("*.safetensors")):

