@@ -212,3 +212,34 @@ def test_hanging_sync_function_times_out_without_blocking_exit(
     with pytest.raises(RewardError, match="timed out"):
         _score(fn, _samples(("a", None)))  # asyncio.run returns: the stuck thread is a daemon
     sys.modules.pop("sync_hang_mod", None)
+
+
+def test_a_call_that_outlives_its_loop_ends_quietly() -> None:
+    """A reward call still running when its timeout fired and asyncio.run closed the loop finishes
+    later without an error in its thread ('Event loop is closed')."""
+    import contextlib
+    import time
+
+    from rljob_runtime.data.rewards.base import run_in_daemon_thread
+
+    errors: list[BaseException | None] = []
+    finished = threading.Event()
+    previous = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+
+    def slow() -> float:
+        time.sleep(0.3)
+        finished.set()
+        return 1.0
+
+    async def main() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run_in_daemon_thread(slow), timeout=0.05)
+
+    try:
+        asyncio.run(main())  # returns, and closes the loop, while slow() still runs
+        assert finished.wait(5)
+        time.sleep(0.1)  # the thread's delivery runs after finished is set
+    finally:
+        threading.excepthook = previous
+    assert errors == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -25,13 +26,18 @@ async def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
         if not future.done():
             future.set_result(value) if ok else future.set_exception(value)
 
+    def deliver(ok: bool, value: Any) -> None:
+        # RuntimeError: the loop is closed; the call outlived its timeout and nobody waits for it.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, ok, value)
+
     def work() -> None:
         try:
             result = fn(*args)
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, False, exc)
+            deliver(False, exc)
         else:
-            loop.call_soon_threadsafe(settle, True, result)
+            deliver(True, result)
 
     threading.Thread(target=work, name="reward", daemon=True).start()
     return await future
