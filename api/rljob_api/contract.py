@@ -31,8 +31,10 @@ RUNTIME_FIELD_MANAGER = "rljob-runtime"
 # at the first step leaves them alone.
 RUNTIME_MESSAGE_FIELD_MANAGER = "rljob-runtime-message"
 
-# Custom Ray resources advertised by worker groups (one unit per GPU, or per CPU slot).
-RAY_RESOURCE_COLOCATED = "rljob_gpu"  # group "gpu": trainer and engines share these bundles
+# Custom Ray resources advertised by worker groups (one unit per GPU, or per CPU slot). KubeRay reads
+# a group resource whose name ends with "gpu" as Ray's num-gpus, not as a custom resource: no name
+# here may end so (tests/unit/test_operator_build.py).
+RAY_RESOURCE_COLOCATED = "rljob_colocated"  # group "gpu": trainer and engines share these bundles
 RAY_RESOURCE_TRAINER = "rljob_trainer"  # group "trainer" (disaggregated)
 RAY_RESOURCE_ROLLOUT = "rljob_rollout"  # group "rollout" (disaggregated)
 

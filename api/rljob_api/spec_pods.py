@@ -124,3 +124,8 @@ class PodSecurity(ApiModel):
         le=2147483647,
         description="Group that owns mounted volumes, so the non-root user can write checkpoints and caches.",
     )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="Run the containers on a read-only root filesystem; /tmp and HOME (/home/rljob) are "
+        "then emptyDirs. false: the image's own directories stay writable.",
+    )

@@ -16,11 +16,15 @@ from rljob_api.pod_paths import (
     HF_TOKEN_DIR,
     HF_TOKEN_PATH,
     HF_TOKEN_VOLUME,
+    HOME_PATH,
+    HOME_VOLUME,
     MODEL_CACHE_PATH,
     MODEL_CACHE_VOLUME,
     RLJOB_CACHE,
     SHM_PATH,
     SHM_VOLUME,
+    TMP_PATH,
+    TMP_VOLUME,
 )
 from rljob_api.spec_resources import EnvVar, PodResources, Toleration
 from rljob_api.spec_volumes import Volume
@@ -61,7 +65,9 @@ def pod_template(job: Job, group: PodGroup, *, capabilities: tuple[str, ...] = (
         "env": _env(job, group),
         "resources": _resources(group.cpu, group.memory, group.gpus, res.gpu_resource_name),
         "volumeMounts": mounts,
-        "securityContext": _container_security(capabilities if group.gpus else ()),
+        "securityContext": _container_security(
+            capabilities if group.gpus else (), read_only=res.security_context.read_only_root_filesystem
+        ),
     }
     grace = job.spec.fault_tolerance.termination_grace_period_seconds
     if group.role == "head":
@@ -111,11 +117,14 @@ def pod_template(job: Job, group: PodGroup, *, capabilities: tuple[str, ...] = (
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def _container_security(capabilities: tuple[str, ...]) -> dict[str, Any]:
+def _container_security(capabilities: tuple[str, ...], *, read_only: bool) -> dict[str, Any]:
     caps: dict[str, Any] = {"drop": ["ALL"]}
     if capabilities:
         caps["add"] = list(capabilities)
-    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+    security: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": caps}
+    if read_only:
+        security["readOnlyRootFilesystem"] = True
+    return security
 
 
 def _resources(cpu: str | None, memory: str | None, gpus: int, gpu_name: str) -> dict[str, Any]:
@@ -175,6 +184,13 @@ def _volumes(job: Job, *, shm: bool) -> tuple[list[dict[str, Any]], list[dict[st
         if volume.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
+    if res.security_context.read_only_root_filesystem:
+        # The writable scratch of a read-only container, unless a volume of the job already sits there.
+        # First in the list: volumes below /tmp (the demo's checkpoints) are mounted on top of it.
+        taken = {m["mountPath"].rstrip("/") for m in mounts}
+        scratch = [(n, p) for n, p in ((TMP_VOLUME, TMP_PATH), (HOME_VOLUME, HOME_PATH)) if p not in taken]
+        volumes[:0] = [{"name": name, "emptyDir": {}} for name, _ in scratch]
+        mounts[:0] = [{"name": name, "mountPath": path} for name, path in scratch]
     return volumes, mounts
 
 
@@ -200,6 +216,7 @@ def _source(volume: Volume) -> dict[str, Any]:
 def _env(job: Job, group: PodGroup) -> list[dict[str, Any]]:
     res = job.spec.resources
     env: list[dict[str, Any]] = [
+        *([{"name": "HOME", "value": HOME_PATH}] if res.security_context.read_only_root_filesystem else []),
         {"name": "RLJOB_JOB_NAME", "value": job.name},
         {"name": "RLJOB_NAMESPACE", "value": job.namespace},
         {"name": "HF_HOME", "value": HF_HOME},
@@ -214,7 +231,7 @@ def _env(job: Job, group: PodGroup) -> list[dict[str, Any]]:
     user: dict[str, dict[str, Any]] = {}
     for var in [*res.env, *(e for extra in group.extras for e in extra.env)]:
         user[var.name] = _env_var(var)
-    return env + list(user.values())
+    return [e for e in env if e["name"] not in user] + list(user.values())
 
 
 def _env_var(var: EnvVar) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 One bundle per GPU ({"GPU": 1, "CPU": 1, <group resource>: 1}); on device cpu a bundle is one CPU
 process slot ({"CPU": 1, <group resource>: 1}), so the same code places the same actors. The group
 resource is the custom Ray resource the operator advertises on each worker group (see
-rljob_api.contract), so bundles land on the right pods: colocated jobs use `rljob_gpu` for both
+rljob_api.contract), so bundles land on the right pods: colocated jobs use `rljob_colocated` for both
 trainer and engines (they share the bundles), disaggregated jobs `rljob_trainer` and
 `rljob_rollout`. How many GPUs a node has is whatever Ray reports; nobody types it.
 """

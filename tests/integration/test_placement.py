@@ -1,5 +1,5 @@
 """Placement groups on a local Ray: colocated jobs put trainer ranks and engines on the same
-bundles of the `rljob_gpu` resource; disaggregated jobs use separate `rljob_trainer` and
+bundles of the `rljob_colocated` resource; disaggregated jobs use separate `rljob_trainer` and
 `rljob_rollout` bundles. On CPU the custom resource stands in for GPUs."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def spec(**resources: object):  # type: ignore[no-untyped-def]
 def local_ray() -> Iterator[None]:
     ray.init(
         num_cpus=6,
-        resources={"rljob_gpu": 2, "rljob_trainer": 2, "rljob_rollout": 2},
+        resources={"rljob_colocated": 2, "rljob_trainer": 2, "rljob_rollout": 2},
         include_dashboard=False,
     )
     yield
@@ -54,7 +54,7 @@ def _placed(slot, fraction: float) -> tuple[str, list[str]]:  # type: ignore[no-
 
 def test_colocated_trainer_and_engines_share_bundles() -> None:
     s = spec()
-    assert local_resources(s) == {"rljob_gpu": 2.0}
+    assert local_resources(s) == {"rljob_colocated": 2.0}
     placement = create_placement(s)
     try:
         assert [x.index for x in placement.trainer] == [0, 1]
@@ -62,7 +62,8 @@ def test_colocated_trainer_and_engines_share_bundles() -> None:
         assert len(placement.engine_slots()) == 2
         group, resources = _placed(placement.trainer[0], 0.5)
         assert (
-            group == placement.trainer[0].group.id.hex() and any("rljob_gpu" in r for r in resources) is False
+            group == placement.trainer[0].group.id.hex()
+            and any("rljob_colocated" in r for r in resources) is False
         )
         assert _placed(placement.rollout[0], 0.2)[0] == group
     finally:
@@ -86,5 +87,5 @@ def test_disaggregated_bundles_use_their_own_resources() -> None:
 
 def test_a_cluster_without_the_resources_is_refused_clearly() -> None:
     too_big = spec(trainer={"nodes": 1, "gpusPerNode": 8})
-    with pytest.raises(PlacementError, match="rljob_gpu"):
+    with pytest.raises(PlacementError, match="rljob_colocated"):
         create_placement(too_big, timeout_s=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_colocated_job_has_one_gpu_group_with_its_custom_resource() -> None:
     rayjob = build_rayjob(job_from_example("grpo-job.yaml"), BuildSettings(), suspend=False)
     groups = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert [g["groupName"] for g in groups] == ["gpu"]
-    assert groups[0]["resources"] == {"rljob_gpu": "8"}
+    assert groups[0]["resources"] == {"rljob_colocated": "8"}
     container = groups[0]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert groups[0]["template"]["spec"]["nodeSelector"] == {
@@ -67,7 +68,7 @@ def test_disaggregated_job_has_trainer_and_rollout_groups_on_their_pools() -> No
 def test_cpu_job_requests_no_gpus_but_advertises_slots() -> None:
     rayjob = build_rayjob(job_from_example("grpo-cpu-demo.yaml"), BuildSettings(), suspend=False)
     (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    assert group["resources"] == {"rljob_gpu": "1"}
+    assert group["resources"] == {"rljob_colocated": "1"}
     pods = [rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"], group["template"]]
     assert all("nvidia.com/gpu" not in json.dumps(p["spec"]["containers"][0]["resources"]) for p in pods)
     assert all("dshm" not in json.dumps(p["spec"]["volumes"]) for p in pods)
@@ -223,3 +224,12 @@ def test_runtime_may_only_touch_its_own_job_status() -> None:
     assert len(role["rules"]) == 3
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "job-a-runtime", "namespace": "ml"}]
     assert build_runtime_rbac(job_from_spec({"resources": {"serviceAccountName": "mine"}})) == []
+
+
+def test_no_custom_ray_resource_is_read_as_a_gpu_by_kuberay() -> None:
+    """KubeRay (utils.IsGPUResourceKey) turns a group resource ending with "gpu" into num-gpus, and the
+    placement groups asking for it would never be placed (seen on a real node with "rljob_gpu")."""
+    from rljob_api.contract import RAY_RESOURCE_COLOCATED, RAY_RESOURCE_ROLLOUT, RAY_RESOURCE_TRAINER
+
+    for name in (RAY_RESOURCE_COLOCATED, RAY_RESOURCE_TRAINER, RAY_RESOURCE_ROLLOUT):
+        assert not name.lower().endswith("gpu") and not re.search(r"nvidia\.com/mig-\d+g\.\d+gb$", name), name

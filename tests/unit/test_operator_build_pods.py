@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from operator_fixtures import job_from_spec
 
-from rljob_api.pod_paths import HF_HOME, MODEL_CACHE_PATH
+from rljob_api.pod_paths import HF_HOME, HOME_PATH, HOME_VOLUME, MODEL_CACHE_PATH, TMP_PATH, TMP_VOLUME
 from rljob_operator.build import BuildSettings, build_prerequisites, build_rayjob
 from rljob_operator.checks import check_children_fit, check_host_paths, check_references
 
@@ -100,7 +100,11 @@ def test_pods_pass_the_restricted_pod_security_standard_unless_the_admin_adds_ca
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         container = spec["containers"][0]["securityContext"]
-        assert container == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        assert container == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        }
     pods = _pods(DISAGGREGATED, BuildSettings(gpu_capabilities=("IPC_LOCK",)))
     caps = {
         p["metadata"]["labels"]["rljob.dev/role"]: p["spec"]["containers"][0]["securityContext"][
@@ -116,6 +120,41 @@ def test_pods_pass_the_restricted_pod_security_standard_unless_the_admin_adds_ca
         BuildSettings(gpu_capabilities=("IPC_LOCK",)),
     )
     assert all("add" not in p["spec"]["containers"][0]["securityContext"]["capabilities"] for p in cpu)
+
+
+def _mounts(pod: dict[str, Any]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+
+
+def test_a_read_only_root_filesystem_leaves_tmp_and_home_writable_on_empty_dirs() -> None:
+    for pod in _pods(DISAGGREGATED):
+        container = pod["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = _mounts(pod)
+        assert mounts[TMP_PATH] == TMP_VOLUME and mounts[HOME_PATH] == HOME_VOLUME
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes[TMP_VOLUME] == {"name": TMP_VOLUME, "emptyDir": {}}
+        assert volumes[HOME_VOLUME] == {"name": HOME_VOLUME, "emptyDir": {}}
+        assert {"name": "HOME", "value": HOME_PATH} in container["env"]
+        # /tmp first: a volume below it (a checkpoint path under /tmp) is mounted on top, not hidden
+        assert container["volumeMounts"][0]["mountPath"] == TMP_PATH
+    # A job volume at exactly /tmp takes the place of the emptyDir; the user's HOME wins over ours.
+    own = _pods(
+        {
+            "resources": {
+                "volumes": [{"name": "scratch", "mountPath": "/tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                "env": [{"name": "HOME", "value": "/tmp"}],
+            }
+        }
+    )[0]
+    assert _mounts(own)["/tmp"] == "scratch" and TMP_VOLUME not in {v["name"] for v in own["spec"]["volumes"]}
+    assert [e["value"] for e in own["spec"]["containers"][0]["env"] if e["name"] == "HOME"] == ["/tmp"]
+    # readOnlyRootFilesystem: false leaves the image as it is: no scratch volumes, no HOME.
+    writable = _pods({"resources": {"securityContext": {"readOnlyRootFilesystem": False}}})[0]
+    container = writable["spec"]["containers"][0]
+    assert "readOnlyRootFilesystem" not in container["securityContext"]
+    assert TMP_PATH not in _mounts(writable) and HOME_PATH not in _mounts(writable)
+    assert "HOME" not in {e["name"] for e in container["env"]}
 
 
 def test_the_user_and_group_come_from_the_spec() -> None:

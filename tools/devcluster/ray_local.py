@@ -73,7 +73,7 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
         # The custom resources the rljob operator's worker groups advertise (one per GPU or CPU
         # slot), so an RLTrainingJob's runtime can place its bundles on this one local node.
         "--resources="
-        + json.dumps({name: num_cpus for name in ("rljob_gpu", "rljob_trainer", "rljob_rollout")}),
+        + json.dumps({name: num_cpus for name in ("rljob_colocated", "rljob_trainer", "rljob_rollout")}),
         "--num-gpus=0",
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         f"--temp-dir={temp}",
