@@ -97,6 +97,48 @@ def real_cluster(image_archives: dict[str, Path]) -> Iterator[Cluster]:
                 sys.stderr.write(f"[realpods] devcluster down failed:\n{down.stdout}{down.stderr}\n")
 
 
+@pytest.fixture(scope="session")
+def runtime_image(real_cluster: Cluster, image_archives: dict[str, Path]) -> str:
+    """The runtime-cpu image in the node's containerd (6.5 GB unpacked: minutes the first time; an
+    unchanged image is not imported again, and a changed one unpacks only its changed layers)."""
+    t0 = time.monotonic()
+    load = run(
+        sys.executable,
+        str(DEVCLUSTER),
+        "load-images",
+        f"--name={NAME}",
+        str(image_archives["runtime-cpu"]),
+        timeout=1800,
+    )
+    if load.returncode != 0:
+        pytest.fail(
+            f"devcluster load-images exited {load.returncode}:\n{load.stderr}{load.stdout}", pytrace=False
+        )
+    sys.stderr.write(f"\n[realpods] runtime-cpu in the node's containerd in {time.monotonic() - t0:.0f} s\n")
+    return "docker.io/rljob/runtime-cpu:0.1.0"
+
+
+@pytest.fixture(scope="session")
+def node_volumes_dir(real_cluster: Cluster) -> Path:
+    """Where the tests' local PersistentVolumes live on the node (the node is this machine)."""
+    path = Path(real_cluster.state["real_node"]["dir"]) / "volumes"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def job_namespace(real_cluster: Cluster, operator_release: str) -> Iterator[str]:
+    """A fresh `restricted` namespace for jobs of the operator installed by operator_release."""
+    ns = f"jobs-{uuid.uuid4().hex[:6]}"
+    real_cluster.kubectl("create", "namespace", ns)
+    real_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        yield ns
+    finally:
+        real_cluster.kubectl("delete", "rljobs", "--all", "-n", ns, "--wait=false", check=False)
+        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
 @pytest.fixture
 def restricted_namespace(real_cluster: Cluster) -> Iterator[str]:
     """A fresh namespace that enforces the `restricted` Pod Security Standard."""

@@ -1,13 +1,12 @@
 """A job's pods fail on the real node the way they fail on a cluster, and the operator (a pod itself)
 says why in the job's status and events: an image that cannot be pulled (every pull goes to a
-closed local port), a container that exits non-zero at start. KubeRay creates the pods; the
-kubelet, containerd and runc produce the failures."""
+closed local port), a container that exits non-zero at start, a container killed for memory (its
+limit below what `ray start` needs). KubeRay creates the pods; the kubelet, containerd, runc and
+the kernel produce the failures."""
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,17 @@ pytestmark = pytest.mark.realpods
 
 REPO = Path(__file__).resolve().parents[2]
 RESYNC_S = 10  # the operator_release's operator.resyncSeconds
+RUNTIME = "docker.io/rljob/runtime-cpu:0.1.0"
 
 
-def small_job(namespace: str, name: str, image: str) -> dict[str, Any]:
+def small_job(namespace: str, name: str, image: str, memory: str = "512Mi") -> dict[str, Any]:
     """The CPU demo's job, sized to fit the real node beside the operator, running `image`."""
     job = yaml.safe_load((REPO / "examples" / "manifests" / "grpo-cpu-demo.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": namespace}
     res = job["spec"]["resources"]
     res["image"] = image
-    res["head"] = {"cpu": "250m", "memory": "512Mi"}
-    res["trainer"].update(cpu="250m", memory="512Mi")
+    res["head"] = {"cpu": "250m", "memory": memory}
+    res["trainer"].update(cpu="250m", memory=memory)
     return job
 
 
@@ -53,18 +53,6 @@ def waiting_reason(pod: dict[str, Any] | None) -> str:
     return ""
 
 
-@pytest.fixture
-def job_namespace(real_cluster: Cluster, operator_release: str) -> Iterator[str]:
-    ns = f"jobs-{uuid.uuid4().hex[:6]}"
-    real_cluster.kubectl("create", "namespace", ns)
-    real_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
-    try:
-        yield ns
-    finally:
-        real_cluster.kubectl("delete", "rljobs", "--all", "-n", ns, "--wait=false", check=False)
-        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-
 @pytest.mark.parametrize(
     ("image", "kubelet_reasons", "status_reason", "words"),
     [
@@ -82,8 +70,16 @@ def job_namespace(real_cluster: Cluster, operator_release: str) -> Iterator[str]
             {"CrashLoopBackOff"},
             ["exit code 127"],
         ),
+        # The runtime's image with 64 MiB: `ray start` (Python, Ray's modules) outgrows the limit and
+        # the kernel kills it (OOMKilled, exit code 137).
+        (
+            RUNTIME,
+            {"CrashLoopBackOff"},
+            {"CrashLoopBackOff"},
+            ["OOMKilled", "exit code 137", "out of memory"],
+        ),
     ],
-    ids=["image-not-pullable", "exits-at-start"],
+    ids=["image-not-pullable", "exits-at-start", "oom-killed"],
 )
 def test_a_failing_pod_shows_in_status_and_events(
     real_cluster: Cluster,
@@ -92,9 +88,12 @@ def test_a_failing_pod_shows_in_status_and_events(
     kubelet_reasons: set[str],
     status_reason: set[str],
     words: list[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     ns, name = job_namespace, "faulty"
-    real_cluster.apply(small_job(ns, name, image))
+    if image == RUNTIME:
+        request.getfixturevalue("runtime_image")  # the runtime image in the node's containerd
+    real_cluster.apply(small_job(ns, name, image, memory="64Mi" if image == RUNTIME else "512Mi"))
     pod = wait_for(
         "the head pod on the real node, failing as the kubelet reports it",
         lambda: (p := head_pod(real_cluster, ns)) and waiting_reason(p) in kubelet_reasons and p,

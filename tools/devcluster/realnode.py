@@ -34,6 +34,7 @@ from realnode_config import (
     NODE_NAME,
     POD_CIDR,
     SANDBOX_IMAGE,
+    SERVICE_CIDR,
     NodePaths,
     cni_conflist,
     containerd_toml,
@@ -131,6 +132,9 @@ def setup_network() -> None:
         sh("ip", "addr", "add", f"{NODE_IP}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
     sh("ip", "route", "replace", "unreachable", GUARD_CIDR)
+    # The host reaches Service addresses as a node does (kube-proxy's OUTPUT rules rewrite them to a
+    # pod's): KubeRay, run on the host, asks CoreDNS at the kube-dns Service for the heads' names.
+    sh("ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE, "src", NODE_IP)
     if sh("iptables", "-C", *FORWARD_GUARD).returncode != 0:
         sh("iptables", "-I", *FORWARD_GUARD)
     # Service traffic from a pod to a pod is routed back out of the bridge: forwarding, guarded above.
@@ -151,6 +155,7 @@ def teardown_network() -> None:
             sh("iptables", "-t", table, "-F", chain)
         for chain in chains:
             sh("iptables", "-t", table, "-X", chain)
+    sh("ip", "route", "del", SERVICE_CIDR, "dev", BRIDGE)
     sh("ip", "route", "del", "unreachable", GUARD_CIDR)
     sh("ip", "link", "del", BRIDGE)
 

@@ -1,0 +1,255 @@
+"""The CPU demo's GRPO job, run to the end in real pods: KubeRay creates the Ray head and worker pods
+from the runtime-cpu image on the real node, in a namespace that enforces `restricted`, and
+submits the runtime through the head's Service (HTTPMode, the default submission mode). The model
+and the data come from a PersistentVolume on the node, the checkpoints go to another; the runtime
+writes the job's progress from inside the head pod with its own ServiceAccount. The job must reach
+Succeeded with its reward rising (tests/learning.py's criterion, on the steps it trains)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e.conftest import Cluster
+from learning import learned
+from real_pods import wait_for
+
+pytestmark = pytest.mark.realpods
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "real-0"
+OWNER = 65532  # the runtime image's user: the checkpoint volume must be writable by it
+STEPS = 7  # learning's criterion compares the first 2 steps with the last 5
+# Starting (image on the node, Ray up) about 1 min, each step 20-50 s on two shared cores.
+TIMEOUT_S = 1500
+
+
+@dataclass(frozen=True)
+class JobVolumes:
+    data_claim: str
+    checkpoint_claim: str
+    checkpoint_dir: Path  # the checkpoint volume's directory on the node
+
+
+def local_volume(name: str, path: Path, claim_ns: str, size: str) -> dict[str, Any]:
+    """A `local` PersistentVolume on the real node, bound in advance to the claim of the same name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": claim_ns, "name": name},
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def claim(name: str, ns: str, size: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": {"storage": size}},
+        },
+    }
+
+
+def fill_data_volume(root: Path) -> None:
+    """The model (the packaged SmolLM2, converted on this machine) and the demo's data files."""
+    from rljob_runtime.models.smollm2 import smollm2_dir
+
+    shutil.copytree(smollm2_dir(), root / "smollm2")
+    for name in ("add-1digit.jsonl", "add-1digit-eval.jsonl"):
+        shutil.copy2(REPO / "examples" / "data" / name, root / name)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.fixture
+def job_volumes(real_cluster: Cluster, job_namespace: str, node_volumes_dir: Path) -> Iterator[JobVolumes]:
+    ns = job_namespace
+    data_dir = node_volumes_dir / f"{ns}-data"
+    ckpt_dir = node_volumes_dir / f"{ns}-checkpoints"
+    data_dir.mkdir(parents=True)
+    ckpt_dir.mkdir(parents=True)
+    fill_data_volume(data_dir)
+    os.chown(ckpt_dir, OWNER, OWNER)
+    data_name, ckpt_name = f"{ns}-data", f"{ns}-checkpoints"
+    real_cluster.apply(
+        local_volume(data_name, data_dir, ns, "1Gi"),
+        local_volume(ckpt_name, ckpt_dir, ns, "10Gi"),
+        claim(data_name, ns, "1Gi"),
+        claim(ckpt_name, ns, "10Gi"),
+    )
+    try:
+        yield JobVolumes(data_name, ckpt_name, ckpt_dir)
+    finally:
+        real_cluster.kubectl(
+            "delete", "rljobs", "--all", "-n", ns, "--wait=true", "--timeout=120s", check=False
+        )
+        real_cluster.kubectl("delete", "pvc", data_name, ckpt_name, "-n", ns, "--wait=false", check=False)
+        real_cluster.kubectl("delete", "pv", data_name, ckpt_name, "--wait=false", check=False)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def demo_job(ns: str, name: str, image: str, volumes: JobVolumes) -> dict[str, Any]:
+    """The CPU demo's job, reading its model and data from the data volume and checkpointing to the
+    checkpoint volume. Its memory as the example has it (the head relays each weight sync from the
+    trainer to the engine as one HTTP body: a few GB at its peak on both pods). The worker has no CPU
+    amount (no limit: the node has two cores in all, and a limit would throttle the training below
+    them); the head, which runs the driver, half a core."""
+    job = yaml.safe_load((REPO / "examples" / "manifests" / "grpo-cpu-demo.yaml").read_text())
+    job["metadata"] = {"name": name, "namespace": ns}
+    spec = job["spec"]
+    spec["model"]["path"] = "/data/smollm2"
+    spec["data"]["path"] = "/data/add-1digit.jsonl"
+    spec["data"].pop("eval", None)  # the criterion reads the training reward
+    spec["training"]["numRollout"] = STEPS
+    spec["training"]["seed"] = 42
+    spec["checkpoint"] = {
+        "path": "/checkpoints/grpo",
+        "volume": {"claimName": volumes.checkpoint_claim},
+        "saveInterval": STEPS,
+        "maxToKeep": 1,
+    }
+    res = spec["resources"]
+    res["image"] = image
+    res["head"] = {"cpu": "500m", "memory": "8Gi"}
+    res["trainer"] = {"nodes": 1, "gpusPerNode": 1, "memory": "12Gi"}
+    res["volumes"] = [
+        {
+            "name": "data",
+            "mountPath": "/data",
+            "readOnly": True,
+            "persistentVolumeClaim": {"claimName": volumes.data_claim},
+        }
+    ]
+    spec["ttlSecondsAfterFinished"] = 30
+    return job
+
+
+def say(line: str) -> None:
+    sys.stderr.write(f"[realpods] {line}\n")
+
+
+def dashboard_status(url: str, token: str | None) -> int:
+    """The HTTP status of a GET on the Ray dashboard's job API (from the host: pod IPs are routed)."""
+    request = urllib.request.Request(url, headers={"x-ray-authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:  # not listening yet (URLError is an OSError)
+        return 0
+
+
+def check_ray_token_auth(cluster: Cluster, ns: str, pods: list[dict[str, Any]]) -> None:
+    """The head's dashboard and job API refuse a caller without the RayCluster's token (the Secret
+    KubeRay made, which KubeRay's own submission used) and answer one with it."""
+    (head,) = [p for p in pods if p["metadata"]["labels"].get("ray.io/node-type") == "head"]
+    cluster_name = head["metadata"]["labels"]["ray.io/cluster"]
+    secret = wait_for("KubeRay's auth Secret", lambda: cluster.get("secret", cluster_name, ns), 60)
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    url = f"http://{head['status']['podIP']}:8265/api/jobs/"
+    wait_for("the head's dashboard answering", lambda: dashboard_status(url, token) == 200, 120)
+    assert dashboard_status(url, None) in (401, 403)
+    assert dashboard_status(url, "not-the-token") in (401, 403)
+
+
+def phase(cluster: Cluster, name: str, ns: str) -> str:
+    return str(((cluster.get("rljob", name, ns) or {}).get("status") or {}).get("phase", ""))
+
+
+def test_the_demo_job_runs_to_succeeded_in_real_pods(
+    real_cluster: Cluster, runtime_image: str, job_namespace: str, job_volumes: JobVolumes
+) -> None:
+    ns, name = job_namespace, "grpo-real"
+    t0 = time.monotonic()
+    real_cluster.apply(demo_job(ns, name, runtime_image, job_volumes))
+    pods = wait_for(
+        "the job's Ray head and worker pods Running on the real node",
+        lambda: (
+            (ps := real_cluster.list("pods", ns, "ray.io/cluster"))
+            and len(ps) >= 2
+            and all(p["status"].get("phase") == "Running" for p in ps)
+            and ps
+        ),
+        300,
+    )
+    assert {p["spec"]["nodeName"] for p in pods} == {NODE}, [
+        (p["metadata"]["name"], p["spec"].get("nodeName")) for p in pods
+    ]
+    say(f"pods Running {time.monotonic() - t0:.0f} s after apply")
+    check_ray_token_auth(real_cluster, ns, pods)
+    step_seen = wait_for(
+        "a training step reported from the head pod",
+        lambda: ((real_cluster.get("rljob", name, ns) or {}).get("status", {}).get("progress") or {}).get(
+            "step"
+        ),
+        600,
+    )
+    say(f"step {step_seen} reported {time.monotonic() - t0:.0f} s after apply")
+    final = wait_for(
+        "the job Succeeded or Failed",
+        lambda: (
+            phase(real_cluster, name, ns) in ("Succeeded", "Failed") and real_cluster.get("rljob", name, ns)
+        ),
+        TIMEOUT_S,
+    )
+    say(f"{final['status']['phase']} {time.monotonic() - t0:.0f} s after apply")
+    assert final["status"]["phase"] == "Succeeded", json.dumps(final["status"], indent=1)
+    assert final["status"]["progress"]["stepText"] == f"{STEPS}/{STEPS}", final["status"]
+
+    # The progress was written by the runtime itself (its field manager on the status subresource),
+    # from the head pod: this cluster's KubeRay reaches only real heads, so no driver ran elsewhere.
+    shown = real_cluster.kubectl("get", "rljob", name, "-n", ns, "-o", "json", "--show-managed-fields")
+    fields = json.loads(shown.stdout)["metadata"].get("managedFields", [])
+    managers = {(m.get("manager"), m.get("subresource")) for m in fields}
+    assert any(mgr and "runtime" in mgr and sub == "status" for mgr, sub in managers), managers
+    rayjob = real_cluster.get("rayjob", name, ns) or {}
+    assert rayjob.get("spec", {}).get("submissionMode", "HTTPMode") == "HTTPMode", rayjob.get("spec")
+    assert rayjob.get("status", {}).get("jobStatus") == "SUCCEEDED", rayjob.get("status")
+
+    # The checkpoint is on the node's volume, and the reward rose.
+    ckpt = job_volumes.checkpoint_dir  # the checkpoint volume is mounted at checkpoint.path
+    assert (ckpt / f"iter_{STEPS:07d}" / "complete").exists(), sorted(p.name for p in ckpt.iterdir())
+    from rljob_demo import curve
+
+    rewards = [v for _, v in curve.read_scalars(ckpt / "tensorboard")["reward/mean"]]
+    assert len(rewards) == STEPS, rewards
+    ok, why = learned(rewards)
+    say(why)
+    assert ok, why
