@@ -34,6 +34,17 @@ def run(*cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def load_into_node(archive: Path, timeout: float) -> None:
+    """An OCI archive imported into the real node's containerd (`devcluster.py load-images`)."""
+    load = run(
+        sys.executable, str(DEVCLUSTER), "load-images", f"--name={NAME}", str(archive), timeout=timeout
+    )
+    if load.returncode != 0:
+        pytest.fail(
+            f"devcluster load-images exited {load.returncode}:\n{load.stderr}{load.stdout}", pytrace=False
+        )
+
+
 @pytest.fixture(scope="session")
 def image_archives() -> dict[str, Path]:
     """The operator and runtime-cpu OCI archives (built by `make images`; built here if missing)."""
@@ -63,19 +74,8 @@ def real_cluster(image_archives: dict[str, Path]) -> Iterator[Cluster]:
         pytest.fail(
             f"devcluster up --real-node exited {up.returncode}:\n{up.stderr}\n{up.stdout}", pytrace=False
         )
-    # The pods of these tests run the operator image; the runtime's is checked inside (podman) only.
-    load = run(
-        sys.executable,
-        str(DEVCLUSTER),
-        "load-images",
-        f"--name={NAME}",
-        str(image_archives["operator"]),
-        timeout=900,
-    )
-    if load.returncode != 0:
-        pytest.fail(
-            f"devcluster load-images exited {load.returncode}:\n{load.stderr}{load.stdout}", pytrace=False
-        )
+    # Most pods of these tests run the operator image; the runtime's is loaded by runtime_image.
+    load_into_node(image_archives["operator"], timeout=900)
     status = run(sys.executable, str(DEVCLUSTER), "status", "--json", f"--name={NAME}", timeout=120)
     state = json.loads(status.stdout)["state"]
     sys.stderr.write(f"\n[realpods] cluster {NAME} with a real node up in {time.monotonic() - t0:.0f} s\n")
@@ -102,18 +102,7 @@ def runtime_image(real_cluster: Cluster, image_archives: dict[str, Path]) -> str
     """The runtime-cpu image in the node's containerd (6.5 GB unpacked: minutes the first time; an
     unchanged image is not imported again, and a changed one unpacks only its changed layers)."""
     t0 = time.monotonic()
-    load = run(
-        sys.executable,
-        str(DEVCLUSTER),
-        "load-images",
-        f"--name={NAME}",
-        str(image_archives["runtime-cpu"]),
-        timeout=1800,
-    )
-    if load.returncode != 0:
-        pytest.fail(
-            f"devcluster load-images exited {load.returncode}:\n{load.stderr}{load.stdout}", pytrace=False
-        )
+    load_into_node(image_archives["runtime-cpu"], timeout=1800)
     sys.stderr.write(f"\n[realpods] runtime-cpu in the node's containerd in {time.monotonic() - t0:.0f} s\n")
     return "docker.io/rljob/runtime-cpu:0.1.0"
 
