@@ -116,16 +116,11 @@ def node_volumes_dir(real_cluster: Cluster) -> Path:
 
 
 @pytest.fixture
-def job_namespace(real_cluster: Cluster, operator_release: str) -> Iterator[str]:
-    """A fresh `restricted` namespace for jobs of the operator installed by operator_release."""
-    ns = f"jobs-{uuid.uuid4().hex[:6]}"
-    real_cluster.kubectl("create", "namespace", ns)
-    real_cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
-    try:
-        yield ns
-    finally:
-        real_cluster.kubectl("delete", "rljobs", "--all", "-n", ns, "--wait=false", check=False)
-        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+def job_namespace(restricted_namespace: str, operator_release: str, real_cluster: Cluster) -> Iterator[str]:
+    """A `restricted` namespace for jobs of the operator installed by operator_release; its jobs are
+    deleted before the namespace goes."""
+    yield restricted_namespace
+    real_cluster.kubectl("delete", "rljobs", "--all", "-n", restricted_namespace, "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -137,7 +137,6 @@ def demo_job(ns: str, name: str, image: str, volumes: JobVolumes) -> dict[str, A
     spec["data"]["path"] = "/data/add-1digit.jsonl"
     spec["data"].pop("eval", None)  # the criterion reads the training reward
     spec["training"]["numRollout"] = STEPS
-    spec["training"]["seed"] = 42
     spec["checkpoint"] = {
         "path": "/checkpoints/grpo",
         "volume": {"claimName": volumes.checkpoint_claim},

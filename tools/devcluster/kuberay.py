@@ -16,6 +16,7 @@ from typing import Any
 from build import gomod_versions
 from common import LOOPBACK, log
 from procs import free_ports, http_get, spawn, wait_for
+from realnode_config import DNS_SERVICE_IP
 from state import Ctx, save_state
 
 
@@ -38,8 +39,6 @@ def start_operator(ctx: Ctx, state: dict[str, Any]) -> None:
     ]
     real_node = state.get("real_node")
     if real_node:
-        from realnode_config import DNS_SERVICE_IP  # the real-node modules load only where needed
-
         resolv = ctx.dir / "kuberay-resolv.conf"
         resolv.write_text(f"# the cluster's CoreDNS (kube-dns Service)\nnameserver {DNS_SERVICE_IP}\n")
         cmd = cluster_dns_command(cmd, resolv)
