@@ -97,11 +97,6 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
             )
         started_ray = True
     preemption.install()  # after ray.init, which installs a SIGTERM handler that aborts the process
-    transport = make_transport(
-        spec,
-        single_node=len([n for n in ray.nodes() if n.get("Alive")]) == 1,
-        model_path=prepared.model_path,
-    )
     reporter = ProgressReporter(
         spec.training.num_rollout,
         job=options.job,
@@ -109,10 +104,14 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         wandb=WandbLogger.start(options.identity or RunIdentity(), spec.to_document()),
     )
     crew: Crew | None = None
+    transport: WeightTransport | None = None
     trainer: TrainerBackend | None = None
     rollout: Rollout | None = None
     try:
         placement = create_placement(spec)
+        # Where Ray placed the trainer and the engines picks the transport (on one node: a file
+        # there), not how many nodes the cluster had when the driver started.
+        transport = make_transport(spec, single_node=placement.on_one_node(), model_path=prepared.model_path)
         # A restart of the trainer group starts it again on the same bundles.
         new_trainer = functools.partial(create_trainer, spec, prepared.model_path, placement.trainer)
         trainer = new_trainer()
@@ -140,7 +139,8 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         return _loop(prepared, options, crew, reporter, resumed)
     finally:
         reporter.close()
-        transport.close()
+        if transport is not None:
+            transport.close()
         if rollout is not None:
             rollout.shutdown()
         if crew is not None:

@@ -47,6 +47,15 @@ class Placement:
     rollout: list[Slot]  # one slot per rollout GPU; engine i uses rollout[i*k:(i+1)*k]
     colocated: bool
     gpus_per_engine: int
+    # The Ray node of each bundle, by bundle index (as placed; empty where Ray did not say).
+    bundle_nodes: tuple[str, ...] = ()
+
+    def on_one_node(self) -> bool:
+        """Every trainer rank and engine sits on one Ray node (then weights may go through a file on
+        it). The Ray head may be another node: the driver only posts the file's path."""
+        known = self.bundle_nodes
+        nodes = {known[s.index] if s.index < len(known) else "" for s in [*self.trainer, *self.rollout]}
+        return len(nodes) == 1 and "" not in nodes
 
     def engine_slots(self) -> list[list[Slot]]:
         k = self.gpus_per_engine
@@ -98,4 +107,12 @@ def create_placement(spec: RLTrainingJobSpec, timeout_s: float = 300.0) -> Place
         trainer, rollout = slots, slots[: rollout_gpus(res)]
     else:
         trainer, rollout = slots[:trainer_n], slots[trainer_n:]
-    return Placement(trainer, rollout, res.colocate, res.rollout.gpus_per_engine)
+    return Placement(trainer, rollout, res.colocate, res.rollout.gpus_per_engine, _bundle_nodes(group))
+
+
+def _bundle_nodes(group: Any) -> tuple[str, ...]:
+    """The node id of each bundle of a placed group, from Ray's placement group table."""
+    from ray.util import placement_group_table
+
+    by_index = placement_group_table(group).get("bundles_to_node_id") or {}
+    return tuple(str(by_index.get(i, "")) for i in range(len(by_index)))

@@ -60,6 +60,9 @@ def test_colocated_trainer_and_engines_share_bundles() -> None:
         assert [x.index for x in placement.trainer] == [0, 1]
         assert [x.index for x in placement.rollout] == [0, 1]  # the same bundles
         assert len(placement.engine_slots()) == 2
+        # Ray's table names each bundle's node: the one node of this local Ray
+        assert placement.bundle_nodes == (ray.get_runtime_context().get_node_id(),) * 2
+        assert placement.on_one_node()
         group, resources = _placed(placement.trainer[0], 0.5)
         assert (
             group == placement.trainer[0].group.id.hex()

@@ -11,6 +11,7 @@ Random-weight 2-layer models (SmolLM2's tokenizer) make every generation cheap.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from rljob_runtime.rollout.errors import EngineRestartsExhausted, RolloutError
 from rljob_runtime.rollout.generate import RetryPolicy
 from rljob_runtime.rollout.manager import RolloutManager
 from rljob_runtime.sync.base import WeightTransport
-from rljob_runtime.sync.disk import DiskTransport
+from rljob_runtime.sync.disk import DiskTransport, write_weights_dir
 from rljob_runtime.sync.tensor import TensorTransport
 
 PROMPTS = [
@@ -53,6 +54,13 @@ class Weights:
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """Copies, as the trainer's (a tied lm_head is its own tensor, as safetensors wants)."""
         return {k: v.clone() for k, v in load(self.path).state_dict().items()}
+
+    def write_weights(self, directory: str | None, model_path: str | None) -> tuple[str, int]:
+        """As trainer rank 0 does for the disk transport (trainer/weight_source.py)."""
+        return write_weights_dir(self.named_tensors(), directory, model_path)
+
+    def remove_weights(self, directory: str) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @dataclass

@@ -192,6 +192,51 @@ def phase(cluster: Cluster, name: str, ns: str) -> str:
     return str(((cluster.get("rljob", name, ns) or {}).get("status") or {}).get("phase", ""))
 
 
+def progress_step(cluster: Cluster, name: str, ns: str) -> int:
+    status = (cluster.get("rljob", name, ns) or {}).get("status") or {}
+    return int((status.get("progress") or {}).get("step") or 0)
+
+
+def head_pod(cluster: Cluster, ns: str) -> dict[str, Any] | None:
+    heads = [
+        p
+        for p in cluster.list("pods", ns, "ray.io/node-type=head")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    return heads[0] if heads else None
+
+
+# Run in the head's container: SIGKILL the Ray job's driver (`rljob-runtime train`, started by Ray's
+# job supervisor), as the OOM killer or a crash would; prints the pids killed.
+KILL_DRIVER = (
+    "import os, signal\n"
+    "killed = []\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if b'train' in argv and any(os.path.basename(a) == b'rljob-runtime' for a in argv):\n"
+    "        os.kill(int(pid), signal.SIGKILL)\n"
+    "        killed.append(pid)\n"
+    "print(' '.join(killed))\n"
+)
+
+
+def reward_writes_per_step(logdir: Path) -> dict[int, int]:
+    """How many times each step's training reward was written, over every event file (a resumed run
+    writes again the steps after its checkpoint)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    counts: dict[int, int] = {}
+    for path in sorted(logdir.rglob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "reward/mean":
+                    counts[event.step] = counts.get(event.step, 0) + 1
+    return counts
+
+
 def test_the_demo_job_runs_to_succeeded_in_real_pods(
     real_cluster: Cluster, runtime_image: str, job_namespace: str, job_volumes: JobVolumes
 ) -> None:
@@ -252,3 +297,63 @@ def test_the_demo_job_runs_to_succeeded_in_real_pods(
     ok, why = learned(rewards)
     say(why)
     assert ok, why
+
+
+def test_the_demo_job_survives_its_head_pod_deleted_and_its_driver_killed(
+    real_cluster: Cluster, runtime_image: str, job_namespace: str, job_volumes: JobVolumes
+) -> None:
+    """The head pod deleted mid-run: its preStop hook has the runtime finish the step in flight and
+    save it; the job resumes on a new head from that step. Then the driver SIGKILLed: the job is
+    restarted (backoffLimit) and resumes from its last periodic checkpoint. It reaches Succeeded
+    with every step trained, and the steps before the drain trained once."""
+    ns, name = job_namespace, "grpo-faults"
+    job = demo_job(ns, name, runtime_image, job_volumes)
+    job["spec"]["checkpoint"]["saveInterval"] = 2
+    job["spec"]["faultTolerance"] = {"backoffLimit": 2, "terminationGracePeriodSeconds": 240}
+    t0 = time.monotonic()
+    real_cluster.apply(job)
+    wait_for("a first step reported", lambda: progress_step(real_cluster, name, ns) >= 1, 900)
+    first_head = head_pod(real_cluster, ns)
+    assert first_head is not None
+    drained_at = progress_step(real_cluster, name, ns)
+    real_cluster.kubectl("delete", "pod", first_head["metadata"]["name"], "-n", ns, "--wait=false")
+    say(f"head pod deleted after step {drained_at}, {time.monotonic() - t0:.0f} s after apply")
+
+    def resumed_on_a_new_head() -> dict[str, Any] | None:
+        head = head_pod(real_cluster, ns)
+        new = head is not None and head["metadata"]["uid"] != first_head["metadata"]["uid"]
+        return head if new and progress_step(real_cluster, name, ns) > drained_at + 1 else None
+
+    head = wait_for("the job training again on a new head pod", resumed_on_a_new_head, 1200)
+    status = real_cluster.get("rljob", name, ns)["status"]
+    say(
+        f"resumed at step {progress_step(real_cluster, name, ns)}: {json.dumps(status.get('restartHistory'))}"
+    )
+    container = head["spec"]["containers"][0]["name"]
+    killed = real_cluster.kubectl(
+        "exec", head["metadata"]["name"], "-n", ns, "-c", container, "--", "python3", "-c", KILL_DRIVER
+    ).stdout.split()
+    assert killed, "no rljob-runtime train process in the new head pod"
+    killed_at = progress_step(real_cluster, name, ns)
+    say(f"driver {killed} killed after step {killed_at}, {time.monotonic() - t0:.0f} s after apply")
+
+    final = wait_for(
+        "the job Succeeded or Failed",
+        lambda: (
+            phase(real_cluster, name, ns) in ("Succeeded", "Failed") and real_cluster.get("rljob", name, ns)
+        ),
+        TIMEOUT_S,
+    )
+    status = final["status"]
+    say(
+        f"{status['phase']} {time.monotonic() - t0:.0f} s after apply: {json.dumps(status.get('restartHistory'))}"
+    )
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    assert status["progress"]["stepText"] == f"{STEPS}/{STEPS}", status
+    assert (status.get("restarts") or 0) + (status.get("preemptions") or 0) >= 2, status
+
+    writes = reward_writes_per_step(job_volumes.checkpoint_dir / "tensorboard")
+    say(f"reward writes per step: {writes}")
+    assert sorted(writes) == list(range(1, STEPS + 1)), writes
+    # The drain saved the step in flight: nothing up to it was trained twice.
+    assert all(writes[step] == 1 for step in range(1, drained_at + 1)), (drained_at, writes)

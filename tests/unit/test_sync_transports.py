@@ -6,6 +6,7 @@ The byte layout: test_sync_buckets.py; the real engines: tests/integration and t
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.sync import check_supported, choose_transport, make_transport
-from rljob_runtime.sync.disk import DiskTransport
+from rljob_runtime.sync.disk import DiskTransport, scratch_root, write_weights_dir
 from rljob_runtime.sync.distributed import DistributedTransport
 from rljob_runtime.sync.ipc import IpcTransport
 from rljob_runtime.sync.nccl import BucketSpec
@@ -87,6 +88,15 @@ class Trainer:
     def named_tensors(self) -> dict[str, torch.Tensor]:
         self.log.append(("named",))
         return {"w": torch.ones(2, 2), "b": torch.zeros(3)}
+
+    # disk: rank 0 writes on its own node (the real one: trainer/weight_source.py)
+    def write_weights(self, directory: str | None, model_path: str | None) -> tuple[str, int]:
+        self.log.append(("write", directory))
+        return write_weights_dir(self.named_tensors(), directory, model_path)
+
+    def remove_weights(self, directory: str) -> None:
+        self.log.append(("remove", directory))
+        shutil.rmtree(directory)
 
     # ipc
     def begin_ipc(self, max_bytes: int, codec: str, cast: str | None) -> tuple[int, int]:
@@ -231,28 +241,51 @@ def test_the_cpu_tensor_format_carries_the_whole_model_in_one_request() -> None:
     assert dict(engine_api.deserialize_named_tensors(data, None)).keys() == {"w", "b"}
 
 
-def test_disk_writes_safetensors_with_the_config_and_a_relaunch_reloads_them(tmp_path: Path) -> None:
+def test_disk_has_the_trainer_write_on_its_node_and_a_relaunch_reloads_the_file(tmp_path: Path) -> None:
+    """The trainer writes the file (on its own node: the driver may be on the Ray head) into one
+    directory it chose on its first write; a relaunched engine loads that directory again; close
+    has the trainer remove it."""
     from safetensors.torch import load_file
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     log: list[Any] = []
-    disk = DiskTransport(str(model), root=str(tmp_path))
+    disk = DiskTransport(str(model))
     disk.refresh(Trainer(log), Rollout(log), "http://new")  # nothing written yet: an export now
-    assert ("named",) in log
+    assert ("write", None) in log
     log.clear()
-    disk.push(Trainer(log), Rollout(log), 4)
+    metrics = disk.push(Trainer(log), Rollout(log), 4)
     path = next(e for e in log if e[0] == "post")[2]["http://a"]["model_path"]
+    assert ("write", path) in log and metrics["sync/bytes"] == (4 + 3) * 4
     assert set(load_file(str(Path(path) / "model.safetensors"))) == {"w", "b"}
-    assert (Path(path) / "config.json").is_file()
+    assert sorted(p.name for p in Path(path).iterdir()) == ["config.json", "model.safetensors"]
     log.clear()
     disk.refresh(Trainer(log), Rollout(log), "http://new")  # the directory holds the current version
-    assert ("named",) not in log and next(e for e in log if e[0] == "post")[2]["http://new"][
-        "model_path"
-    ] == path
+    assert not any(e[0] in ("write", "named") for e in log)
+    assert next(e for e in log if e[0] == "post")[2]["http://new"]["model_path"] == path
+    disk.close()
+    assert ("remove", path) in log and not Path(path).exists()
+
+
+def test_a_trainer_that_is_gone_at_close_leaves_the_driver_to_remove_the_directory(tmp_path: Path) -> None:
+    class Gone(Trainer):
+        def remove_weights(self, directory: str) -> None:
+            raise RuntimeError("the actor died")
+
+    log: list[Any] = []
+    disk = DiskTransport()
+    disk.push(Gone(log), Rollout(log), 1)
+    path = next(e for e in log if e[0] == "post")[2]["http://a"]["model_path"]
     disk.close()
     assert not Path(path).exists()
+
+
+def test_the_scratch_directory_is_in_shm_only_when_it_has_room_for_two_copies(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    assert scratch_root(free // 4, shm=str(tmp_path)) == str(tmp_path)
+    assert scratch_root(free, shm=str(tmp_path)) is None  # a pod's 64 MiB /dev/shm: the temp dir
+    assert scratch_root(1, shm=str(tmp_path / "missing")) is None
 
 
 # ------------------------------------------------------------------------------------------ NCCL

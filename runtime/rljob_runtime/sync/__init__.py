@@ -4,8 +4,8 @@
 | --- | --- | --- |
 | ``IpcTransport`` (``ipc.py``) | cuda, colocated (one node) | ``/update_weights_from_tensor``, CUDA IPC buckets |
 | ``DistributedTransport`` (``distributed.py``) | cuda, engines on GPUs of their own | ``/update_weights_from_distributed``, NCCL |
-| ``DiskTransport`` (``disk.py``) | cpu on one node; the GPU fallback | ``/update_weights_from_disk`` |
-| ``TensorTransport`` (``tensor.py``) | cpu across nodes (hf engine) | ``/update_weights_from_tensor``, rljob's CPU format |
+| ``DiskTransport`` (``disk.py``) | cpu, trainer and engines on one node; the GPU fallback | ``/update_weights_from_disk`` |
+| ``TensorTransport`` (``tensor.py``) | cpu, trainer and engines on different nodes (hf engine) | ``/update_weights_from_tensor``, rljob's CPU format |
 
 Every update bumps the weight version and runs pause -> flush (retried) -> transfer -> version ->
 continue on each engine (``RolloutManager.updating``); a relaunched engine is brought to the current

@@ -30,6 +30,17 @@ class NamedWeights(Protocol):
         ...
 
 
+class DiskSender(Protocol):
+    """The trainer as the disk transport uses it: rank 0 writes the weights on its own node."""
+
+    def write_weights(self, directory: str | None, model_path: str | None) -> tuple[str, int]:
+        """Write the policy's weights as safetensors into ``directory`` (a new scratch directory when
+        None), with ``model_path``'s config files; returns (directory, bytes)."""
+        ...
+
+    def remove_weights(self, directory: str) -> None: ...
+
+
 class IpcSender(Protocol):
     """The trainer as the CUDA IPC transport uses it: rank 0 shares its buckets one at a time."""
 
@@ -62,7 +73,7 @@ class BroadcastSender(Protocol):
     def close_weight_update_group(self) -> None: ...
 
 
-class WeightSender(NamedWeights, IpcSender, BroadcastSender, Protocol):
+class WeightSender(NamedWeights, DiskSender, IpcSender, BroadcastSender, Protocol):
     """Everything a transport may ask of the trainer (``TrainerGroup`` offers it all)."""
 
 

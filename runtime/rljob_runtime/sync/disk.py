@@ -1,73 +1,101 @@
-"""Weights through a Hugging Face directory (``/update_weights_from_disk``): the trainer's export as
-safetensors in a scratch directory every engine can read (``/dev/shm`` when everything runs on one
-node), the fallback of the GPU transports and the fastest way on one CPU node (no encoding, one copy
-each way). The directory holds the last sync, so a relaunched engine loads it again."""
+"""Weights through a Hugging Face directory (``/update_weights_from_disk``): trainer rank 0 writes its
+weights as safetensors into a scratch directory on its own node, and the engines, on that same node,
+load them from there. The fastest way on CPU (no encoding, one copy each way, nothing through the
+driver, which may run on another node: the Ray head) and the fallback of the GPU transports. The
+directory holds the last sync, so a relaunched engine loads it again.
+
+The scratch directory is in ``/dev/shm`` where that has room for the weights twice over, else in
+the temp directory (a pod's own ``/dev/shm`` is 64 MiB unless a memory volume is mounted there).
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import engine_api
-from .base import (
-    EngineUpdateLike,
-    Metrics,
-    NamedWeights,
-    RolloutSide,
-    WeightSender,
-    WeightTransport,
-    nbytes,
-    timed,
-)
+from .base import EngineUpdateLike, Metrics, RolloutSide, WeightSender, WeightTransport, timed
+
+if TYPE_CHECKING:
+    import torch
 
 # Besides the weights, what an engine's loader reads from the directory (SGLang's disk update
 # iterates *.safetensors; config files keep the directory a loadable model for a relaunch).
 SIDE_FILES = ("config.json", "generation_config.json")
+WEIGHTS_FILE = "model.safetensors"
+SHM = "/dev/shm"
+
+
+def scratch_root(needed_bytes: int, shm: str = SHM) -> str | None:
+    """``shm`` when it has room for ``needed_bytes`` twice over (the new file beside the old one),
+    else None (the temp directory)."""
+    try:
+        stats = os.statvfs(shm)
+    except OSError:
+        return None
+    return shm if stats.f_bavail * stats.f_frsize >= 2 * needed_bytes else None
+
+
+def write_weights_dir(
+    named: Mapping[str, torch.Tensor], directory: str | None, model_path: str | None
+) -> tuple[str, int]:
+    """Write ``named`` as one safetensors file into ``directory`` (a new scratch directory when None),
+    with the model's config files beside it; returns (directory, bytes). The file is written under a
+    temporary name and renamed, so a reader never sees half of it."""
+    from safetensors.torch import save_file
+
+    size = sum(int(t.numel()) * int(t.element_size()) for t in named.values())
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="rljob-weights-", dir=scratch_root(size))
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)  # a restarted trainer on the same node reuses it
+    if model_path:
+        for name in SIDE_FILES:
+            source = Path(model_path) / name
+            if source.is_file() and not (target / name).exists():
+                shutil.copy2(source, target / name)
+    partial = target / f".{WEIGHTS_FILE}.partial"
+    save_file({k: v.contiguous() for k, v in named.items()}, str(partial))
+    partial.replace(target / WEIGHTS_FILE)
+    return str(target), size
 
 
 class DiskTransport(WeightTransport):
     name = "disk"
 
-    def __init__(self, model_path: str | None = None, root: str | None = None) -> None:
+    def __init__(self, model_path: str | None = None) -> None:
         self.model_path = model_path
-        self.root = root if root is not None else ("/dev/shm" if Path("/dev/shm").is_dir() else None)
-        self._scratch: Path | None = None
-        self._written = False
+        self._directory: str | None = None  # on the trainer's node, chosen by its first write
+        self._writer: WeightSender | None = None  # the trainer that can remove it
 
-    def _dir(self) -> Path:
-        if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="rljob-weights-", dir=self.root))
-            if self.model_path:
-                for name in SIDE_FILES:
-                    source = Path(self.model_path) / name
-                    if source.is_file():
-                        shutil.copy2(source, self._scratch / name)
-        return self._scratch
-
-    def _transfer(self, trainer: NamedWeights, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
+    def _transfer(self, trainer: WeightSender, rollout: RolloutSide, update: EngineUpdateLike) -> Metrics:
         metrics: Metrics = {}
         with timed(metrics, "time/sync_export"):
-            from safetensors.torch import save_file
-
-            named = trainer.named_tensors()
-            save_file({k: v.contiguous() for k, v in named.items()}, str(self._dir() / "model.safetensors"))
-        self._written = True
-        update.post("/update_weights_from_disk", engine_api.update_weights_from_disk_body(str(self._dir())))
-        metrics["sync/bytes"] = float(nbytes(named))
+            self._directory, size = trainer.write_weights(self._directory, self.model_path)
+        self._writer = trainer
+        update.post("/update_weights_from_disk", engine_api.update_weights_from_disk_body(self._directory))
+        metrics["sync/bytes"] = float(size)
         return metrics
 
     def refresh(self, trainer: WeightSender, rollout: RolloutSide, url: str) -> None:
-        if not self._written:  # nothing on disk yet: export now
+        if self._directory is None:  # nothing written yet: export now
             super().refresh(trainer, rollout, url)
             return
         with rollout.updating(only=url) as update:  # the directory holds the current version
             update.post(
-                "/update_weights_from_disk", engine_api.update_weights_from_disk_body(str(self._dir()))
+                "/update_weights_from_disk", engine_api.update_weights_from_disk_body(self._directory)
             )
 
     def close(self) -> None:
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
-            self._written = False
+        directory, writer = self._directory, self._writer
+        self._directory = self._writer = None
+        if directory is None or writer is None:
+            return
+        try:
+            writer.remove_weights(directory)
+        except Exception:  # the trainer may be gone (its node's scratch goes with its pod)
+            shutil.rmtree(directory, ignore_errors=True)  # on one node, the driver can remove it itself

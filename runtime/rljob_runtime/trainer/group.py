@@ -259,6 +259,13 @@ class TrainerGroup:
         """Rank 0's weights under HF names, CPU."""
         return self._from_rank0("named_tensors")
 
+    def write_weights(self, directory: str | None, model_path: str | None) -> tuple[str, int]:
+        """Rank 0 writes the weights into a scratch directory on its node (sync/disk.py)."""
+        return self._from_rank0("write_weights", directory, model_path)
+
+    def remove_weights(self, directory: str) -> None:
+        _gather([self.actors[0].remove_weights.remote(directory)])
+
     # ---- colocated sync: rank 0 shares CUDA IPC buckets (sync/ipc.py) ------------------------------
 
     def begin_ipc(self, max_bucket_bytes: int, codec: str, cast: str | None) -> tuple[int, int]:

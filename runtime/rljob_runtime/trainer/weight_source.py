@@ -13,6 +13,7 @@ A rank whose state is offloaded (colocated runs) makes its weights resident for 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from ..net import free_port, node_ip
 from ..sync.buckets import plan_buckets, target_dtype
 from ..sync.cuda_ipc import Codec, IpcProducer
+from ..sync.disk import write_weights_dir
 from ..sync.nccl import BucketSpec, NcclSender, WeightUpdateGroup, bucket_specs
 
 
@@ -43,6 +45,17 @@ class WeightSource:
         """``device_weights`` as CPU copies (the CPU and disk transports, relaunched engines)."""
         with self.weights_resident():
             return {k: v.to("cpu", copy=True) for k, v in self.device_weights().items()}
+
+    def write_weights(self, directory: str | None, model_path: str | None) -> tuple[str, int]:
+        """The disk transport's export: global rank 0 writes ``named_tensors`` into a scratch
+        directory on its node (``sync/disk.py``); the other exporting ranks join the collective."""
+        named = self.named_tensors()
+        if self.rank != 0:
+            return "", 0
+        return write_weights_dir(named, directory, model_path)
+
+    def remove_weights(self, directory: str) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
 
     # ---- CUDA IPC (colocated) --------------------------------------------------------------------
 
