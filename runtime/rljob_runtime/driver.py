@@ -112,6 +112,8 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         # Where Ray placed the trainer and the engines picks the transport (on one node: a file
         # there), not how many nodes the cluster had when the driver started.
         transport = make_transport(spec, single_node=placement.on_one_node(), model_path=prepared.model_path)
+        where = "on one node" if placement.on_one_node() else "on several nodes"
+        log.info("weight sync: %s (the trainer and the engines %s)", transport.name, where)
         # A restart of the trainer group starts it again on the same bundles.
         new_trainer = functools.partial(create_trainer, spec, prepared.model_path, placement.trainer)
         trainer = new_trainer()
@@ -183,8 +185,8 @@ def _loop(
     last_ckpt = str(resumed.directory) if resumed is not None else None
     result = RunResult(steps_done=start, last_checkpoint=last_ckpt)
     total = spec.training.num_rollout
-    if start > 0:
-        print(f"resumed from step {start} ({last_ckpt})", flush=True)
+    if start > 0 and last_ckpt is not None:
+        reporter.resumed(start, last_ckpt)
     restarts = TrainerRestarts(spec.fault_tolerance.max_trainer_restarts)
     if start == 0 and spec.data.eval.before_training:  # before any rollout runs ahead: nothing to quiet
         reporter.baseline(evaluate(prepared, crew.rollout))

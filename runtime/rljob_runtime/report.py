@@ -196,6 +196,15 @@ class ProgressReporter:
         if self.wandb is not None:
             self.wandb.log(0, scalars)
 
+    def resumed(self, step: int, checkpoint: str) -> None:
+        """A run that starts from a checkpoint: a line, and a Normal event Resumed on the job, so a
+        restart nobody else saw (KubeRay submitting the job again to a replaced head pod) shows in
+        `kubectl describe`."""
+        message = f"resumed from step {step} ({checkpoint})"
+        print(message, file=self.stream, flush=True)
+        if self.job is not None:
+            self._event("Normal", "Resumed", message)
+
     def trainer_restarted(self, count: int, message: str) -> None:
         """An in-run trainer restart: a line, status.progress.trainerRestarts and lastTrainerRestart,
         and a Warning event TrainerRestarted on the job."""

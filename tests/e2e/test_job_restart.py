@@ -118,6 +118,18 @@ def test_a_killed_driver_restarts_the_job_which_resumes_and_succeeds(
     ]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning", warnings
     assert warnings[0]["message"].startswith("Running -> Starting: restart 1 of 1 after DriverKilled: ")
+    # The runtime's own word that the second attempt resumed, at the step its log names.
+    resumed_events = [
+        e
+        for e in crd.list("events", namespace)
+        if e["involvedObject"]["name"] == "comeback" and e["reason"] == "Resumed"
+    ]
+    assert [e["message"].split(" (")[0] for e in resumed_events] == [f"resumed from step {step}"], (
+        resumed_events
+    )
+    assert (
+        resumed_events[0]["type"] == "Normal" and resumed_events[0]["source"]["component"] == "rljob-runtime"
+    )
     described = crd.kubectl("describe", "rljob", "comeback", "-n", namespace).stdout
     assert "Restart History" in described and "DriverKilled" in described, described
     (row,) = table(crd.kubectl("get", "rljobs", "-n", namespace).stdout)

@@ -236,6 +236,13 @@ def import_image(p: NodePaths, archive: Path, ref: str | None = None) -> str:
         return ref  # already there: importing a multi-GB archive again takes minutes
     before = set(ctr(p, "images", "ls", "-q", timeout=60).stdout.split())
     proc = ctr(p, "images", "import", str(archive))
+    if proc.returncode != 0 and "snapshot" in proc.stderr:
+        # containerd's garbage collection of the image this one replaces can remove a shared layer's
+        # snapshot while the unpack counts on it ("parent snapshot ... does not exist"): once the
+        # old image is gone, a second import unpacks every layer it needs.
+        log(f"real node: {proc.stderr.strip()}; importing {archive.name} again")
+        ctr(p, "images", "rm", ref, timeout=120)
+        proc = ctr(p, "images", "import", str(archive))
     if proc.returncode != 0:
         raise HarnessError("real node", f"importing {archive.name} into containerd: {proc.stderr.strip()}")
     names = set(ctr(p, "images", "ls", "-q", timeout=60).stdout.split())
