@@ -27,6 +27,7 @@ from rljob_api.events import event_body
 from rljob_api.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 from .checks import NodeInfo
+from .pod_states import NodeDown, not_ready
 
 # apiVersion/kind -> plural, for the kinds the operator writes or reads.
 PLURALS = {
@@ -274,6 +275,10 @@ class Kube:
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return await self._pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
+
+    async def nodes_not_ready(self) -> dict[str, NodeDown]:
+        """The nodes whose Ready condition is not True, by name."""
+        return not_ready(await self._pages(self.core.list_node))
 
     async def list_nodes(self) -> list[NodeInfo]:
         return [

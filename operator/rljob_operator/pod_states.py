@@ -7,6 +7,10 @@ pod's PodScheduled=False/Unschedulable condition, and, when the API server refus
 RayCluster's status, conditions included, into the RayJob's `status.rayClusterStatus`; it also
 posts a FailedToCreateWorkerPod event on the RayCluster, which the operator need not read). This
 module turns them into one reason and a message that tells a person what to do.
+
+A running job's pods can lose their node instead: its kubelet stops reporting (the node's Ready
+condition turns Unknown) or reports it not ready. The containers may run on, but nothing manages
+them; `node_trouble` says which pod and node, so the job shows why before Kubernetes evicts them.
 """
 
 from __future__ import annotations
@@ -197,3 +201,67 @@ def _time(value: Any) -> datetime | None:
     if isinstance(value, str) and value:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     return None
+
+
+NODE_NOT_READY = "NodeNotReady"
+
+
+@dataclass(frozen=True)
+class NodeDown:
+    """A node whose Ready condition is not True, as its condition says."""
+
+    since: datetime | None
+    reason: str  # NodeStatusUnknown (its kubelet stopped reporting), KubeletNotReady, ...
+    message: str
+
+
+def node_down(node: Mapping[str, Any]) -> NodeDown | None:
+    """Whether a node is not Ready (False or Unknown); None when Ready, or not judged yet (no Ready
+    condition: a node still registering)."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") != "Ready":
+            continue
+        if condition.get("status") == "True":
+            return None
+        return NodeDown(
+            _time(condition.get("lastTransitionTime")),
+            condition.get("reason") or "NotReady",
+            (condition.get("message") or "").strip().rstrip("."),
+        )
+    return None
+
+
+def not_ready(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeDown]:
+    """The nodes that are not Ready, by name."""
+    down = {n["metadata"]["name"]: node_down(n) for n in nodes}
+    return {name: state for name, state in down.items() if state is not None}
+
+
+def node_trouble(
+    pods: Iterable[Mapping[str, Any]], down: Mapping[str, NodeDown], namespace: str
+) -> Stuck | None:
+    """A running job's pods on nodes that are not Ready (the head first), or None."""
+    hits = []
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if node in down and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            head = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == "head"
+            hits.append((not head, pod["metadata"]["name"], node, head))
+    if not hits:
+        return None
+    hits.sort()
+    _, name, node, head = hits[0]
+    what = f"the Ray head (pod {name})" if head else f"pod {name}"
+    others = len(hits) - 1
+    also = f" ({others} other pod{'s' if others > 1 else ''} of the job on not-Ready nodes)" if others else ""
+    state = down[node]
+    since = f" since {state.since.strftime('%H:%M:%S')}" if state.since else ""
+    said = state.message or state.reason
+    return Stuck(
+        NODE_NOT_READY,
+        f"{what} is on node {node}, which is not Ready{since} ({state.reason}: {said}){also}. Its "
+        "containers may still run, but Kubernetes cannot manage them: when the node is back the job "
+        "goes on; if it stays down, the pods are evicted after their not-ready toleration (300 s by "
+        f"default) and KubeRay creates them again where they fit. See: kubectl describe node {node}",
+        state.since,
+    )

@@ -69,7 +69,7 @@ from .own_writes import Cause, OwnWrites
 from .permissions import describe_api_error
 from .plan import plan
 from .pod_fields import volume_fields
-from .pod_states import classify
+from .pod_states import classify, node_trouble
 from .quota import Decision, charged_gpus, decide, demands, quotas_of
 from .restarts import Failure, is_recorded, recreating
 from .status import (
@@ -414,8 +414,22 @@ class Reconciler:
             pods = classify(
                 await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), converting, namespace
             )
+        nodes = None
+        running = rayjob is not None and job.status.get("phase") == "Running"
+        # A running job's pods on a node that stopped being Ready (nodes and pods from the watch
+        # caches: a pass while every node is Ready lists no pod).
+        if running and (down := await self.kube.nodes_not_ready()):
+            nodes = node_trouble(await self.kube.list_pods(namespace, f"{LABEL_JOB}={name}"), down, namespace)
         seen = Observed(
-            now, rayjob, blocker, queue, pods, leftover, tuple(conversions.wanted), conversions.seen
+            now,
+            rayjob,
+            blocker,
+            queue,
+            pods,
+            leftover,
+            tuple(conversions.wanted),
+            conversions.seen,
+            nodes=nodes,
         )
         status = compute_status(job, seen)
         if status_changed(job.status, status):

@@ -38,8 +38,8 @@ from .conversions import (
 from .job import Job
 from .kueue import WAITING_FOR_KUEUE, held_by_kueue, local_queue, waiting_message
 from .names import runtime_account_name
+from .pod_states import NODE_NOT_READY, Stuck
 from .pod_states import REASONS as STUCK_REASONS
-from .pod_states import Stuck
 from .quota import Decision
 from .restarts import (
     EXHAUSTED,
@@ -96,6 +96,7 @@ class Observed:
     # Conversions the job needs now, and the RayJobs of those this pass looked up (None: not there).
     wanted: tuple[Wanted, ...] = ()
     conversions: Mapping[str, Mapping[str, Any] | None] = dataclasses.field(default_factory=dict)
+    nodes: Stuck | None = None  # a running job's pods on nodes that are not Ready (pod_states.node_trouble)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class Verdict:
     message: str  # one line a person reads in `kubectl get -o wide`
     stalled: bool = False  # Stalled=True although the phase is not Failed (e.g. a missing Secret)
     detail: str = ""  # the whole story for the Failed / Stalled condition (KubeRay's message), if longer
+    # Running, but not well: Ready=False and Reconciling=True (a node not Ready: the cluster may yet
+    # bring it back, so it is not Stalled), so kstatus reads the job as in progress, not current.
+    degraded: bool = False
 
 
 def decide_phase(job: Job, seen: Observed, conversions: list[dict[str, Any]] | None = None) -> Verdict:
@@ -155,6 +159,8 @@ def decide_phase(job: Job, seen: Observed, conversions: list[dict[str, Any]] | N
         return stuck_verdict(job, seen.pods, seen.now)
     if verdict.phase == "Succeeded":
         return _after_training(job, verdict, conversions)
+    if verdict.phase == "Running" and seen.nodes is not None:
+        return Verdict("Running", seen.nodes.reason, seen.nodes.message, degraded=True)
     return verdict
 
 
@@ -315,6 +321,9 @@ def conditions(job: Job, verdict: Verdict, now: datetime) -> list[dict[str, Any]
     if verdict.stalled:
         true_types.add("Stalled")
         true_types.discard("Reconciling")
+    if verdict.degraded:
+        true_types.discard("Ready")
+        true_types.add("Reconciling")
     out = []
     for kind in CONDITION_TYPES:
         true = kind in true_types
@@ -437,7 +446,9 @@ def announcement(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[s
     )
     stalled = _is_true(after, "Stalled")
     trouble = (
-        stalled or after["phase"] == "Failed" or ready["reason"] in (*STUCK_REASONS, RETRYING, RESTARTING)
+        stalled
+        or after["phase"] == "Failed"
+        or ready["reason"] in (*STUCK_REASONS, NODE_NOT_READY, RETRYING, RESTARTING)
     )
     kind = "Warning" if trouble else "Normal"
     if before.get("phase") != after["phase"]:

@@ -20,6 +20,7 @@ from typing import Any
 from .checks import NodeInfo
 from .kube import Kube
 from .names import LABEL_JOB
+from .pod_states import NodeDown, not_ready
 
 # The index names: the kopf handlers of these names (handlers.py) fill them.
 JOBS, RAYJOBS, PODS, QUOTAS, NODES = (
@@ -85,10 +86,13 @@ def slim_quota(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A node as the pre-flight GPU check and the not-Ready check (pod_states.node_down) read it."""
+    status = body.get("status") or {}
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     return {
         "metadata": _meta(body),
         "spec": _pick(body.get("spec") or {}, "unschedulable"),
-        "status": _pick(body.get("status") or {}, "allocatable"),
+        "status": {**_pick(status, "allocatable"), **({"conditions": ready} if ready else {})},
     }
 
 
@@ -207,6 +211,11 @@ class CachedKube(Kube):
         if not self.caches.ready:
             return await super().list_quotas(namespace)
         return self.caches.items(QUOTAS, namespace)
+
+    async def nodes_not_ready(self) -> dict[str, NodeDown]:
+        if not self.caches.ready:
+            return await super().nodes_not_ready()
+        return not_ready(self.caches.items(NODES, None))
 
     async def list_nodes(self) -> list[NodeInfo]:
         if not self.caches.ready:

@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import urllib.error
@@ -256,14 +257,50 @@ def print_step_times(logdir: Path) -> None:
         )
 
 
-def test_the_demo_job_runs_in_real_pods_through_a_lost_head_and_a_killed_driver_and_learns(
+def ready_condition(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
+    status = (cluster.get("rljob", name, ns) or {}).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) -> None:
+    """SIGSTOP the real node's kubelet (its containers run on) until the job's Ready condition names
+    the node, then SIGCONT it and wait for the job to read Running again. The node lifecycle
+    controller marks the node after its --node-monitor-grace-period (3m20s: kwokctl's setting, for
+    its fake nodes' slow heartbeats) plus up to one --node-monitor-period (25 s)."""
+    kubelet = int(cluster.state["real_node"]["kubelet_pid"])
+    t0 = time.monotonic()
+    os.kill(kubelet, signal.SIGSTOP)
+    try:
+        shown = wait_for(
+            "the job's Ready condition naming the not-Ready node",
+            lambda: (c := ready_condition(cluster, name, ns)).get("reason") == "NodeNotReady" and c,
+            330,
+        )
+    finally:
+        os.kill(kubelet, signal.SIGCONT)
+    say(f"kubelet stopped; {time.monotonic() - t0:.0f} s later the job said: {shown['message']}")
+    assert shown["status"] == "False" and f"on node {NODE}, which is not Ready" in shown["message"], shown
+    (row,) = cluster.kubectl("get", "rljob", name, "-n", ns, "--no-headers").stdout.splitlines()
+    assert row.split()[1:3] == ["Running", "NodeNotReady"], row  # PHASE, REASON
+    events = [e for e in cluster.list("events", ns) if e["involvedObject"]["name"] == name]
+    assert any(e["reason"] == "NodeNotReady" and e["type"] == "Warning" for e in events), events
+    wait_for(
+        "the job Running again with the kubelet back",
+        lambda: ready_condition(cluster, name, ns).get("reason") in ("Running", "Completed"),
+        180,
+    )
+    say(f"kubelet back; the job Ready again {time.monotonic() - t0:.0f} s after the stop")
+
+
+def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     real_cluster: Cluster, runtime_image: str, job_namespace: str, job_volumes: JobVolumes
 ) -> None:
-    """The CPU demo's job in real pods, with two faults on the way:
+    """The CPU demo's job in real pods, with three faults on the way:
     - its head pod deleted after a step: the pod's preStop hook has the runtime finish the step in
       flight and save it, and the job goes on from that step on a new head;
     - then its driver SIGKILLed: the job is restarted (backoffLimit) and resumes from its last
-      periodic checkpoint.
+      periodic checkpoint;
+    - then the node's kubelet stopped: the node goes NotReady and the job says so, then recovers.
     It reaches Succeeded with every step trained once before the drain and its reward rising."""
     ns, name = job_namespace, "grpo-real"
     job = demo_job(ns, name, runtime_image, job_volumes)
@@ -314,7 +351,20 @@ def test_the_demo_job_runs_in_real_pods_through_a_lost_head_and_a_killed_driver_
         "exec", head["metadata"]["name"], "-n", ns, "-c", container, "--", "python3", "-c", KILL_DRIVER
     ).stdout.split()
     assert killed, "no rljob-runtime train process in the new head pod"
-    say(f"driver {killed} killed after step {progress_step(real_cluster, name, ns)}")
+    killed_after = progress_step(real_cluster, name, ns)
+    say(f"driver {killed} killed after step {killed_after}")
+
+    # Fault 3: the node's kubelet stopped (SIGSTOP) while the job trains again: the node goes
+    # NotReady, and the job says which pod and node; with the kubelet back, Running again.
+    wait_for(
+        "the restarted job training",
+        lambda: (
+            phase(real_cluster, name, ns) == "Running"
+            and progress_step(real_cluster, name, ns) > killed_after
+        ),
+        900,
+    )
+    stop_kubelet_until_the_job_shows_it(real_cluster, name, ns)
 
     final = wait_for(
         "the job Succeeded or Failed",

@@ -6,7 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rljob_operator.pod_states import REASONS, Stuck, classify
+from rljob_operator.pod_states import (
+    NODE_NOT_READY,
+    REASONS,
+    NodeDown,
+    Stuck,
+    classify,
+    node_trouble,
+    not_ready,
+)
 
 CREATED = "2026-11-22T10:00:00Z"
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
@@ -194,3 +202,54 @@ def test_a_refused_volume_is_named_by_the_job_field_it_comes_from() -> None:
     other = 'FailedCreateHeadPod\npods "h" is forbidden: violates PodSecurity "restricted:latest"'
     stuck = classify([], rayjob_with_replica_failure("FailedCreateHeadPod", other), "ml", fields)
     assert stuck is not None and stuck.message.endswith("(the job's resources, or the namespace's policy).")
+
+
+# ---- a running job's pods on a node that is not Ready -------------------------------------------
+
+
+def node(name: str, ready: str | None, reason: str = "", message: str = "") -> dict[str, Any]:
+    conditions = [{"type": "MemoryPressure", "status": "False"}]
+    if ready is not None:
+        conditions.append(
+            {
+                "type": "Ready",
+                "status": ready,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": "2026-11-22T10:03:04Z",
+            }
+        )
+    return {"metadata": {"name": name}, "status": {"conditions": conditions}}
+
+
+def on(p: dict[str, Any], node_name: str) -> dict[str, Any]:
+    return {**p, "spec": {**p["spec"], "nodeName": node_name}}
+
+
+def test_only_nodes_whose_ready_condition_is_not_true_are_down() -> None:
+    down = not_ready(
+        [
+            node("ok", "True"),
+            node("registering", None),
+            node("gone", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status."),
+            node("sick", "False", "KubeletNotReady", "container runtime network not ready"),
+        ]
+    )
+    assert sorted(down) == ["gone", "sick"]
+    assert down["gone"] == NodeDown(
+        T0 + timedelta(minutes=3, seconds=4), "NodeStatusUnknown", "Kubelet stopped posting node status"
+    )
+
+
+def test_the_head_on_a_down_node_is_named_first_and_pods_on_their_way_out_are_not() -> None:
+    down = not_ready([node("n1", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")])
+    leaving = on(pod("w-0"), "n1")
+    leaving["metadata"] = {**leaving["metadata"], "deletionTimestamp": "2026-11-22T10:04:00Z"}
+    pods = [on(pod("w-1"), "n1"), on(pod("h", role="head"), "n1"), leaving, on(pod("w-2"), "n2")]
+    stuck = node_trouble(pods, down, "ml")
+    assert stuck is not None and stuck.reason == NODE_NOT_READY and stuck.since == down["n1"].since
+    assert stuck.message.startswith(
+        "the Ray head (pod h) is on node n1, which is not Ready since 10:03:04 (NodeStatusUnknown: Kubelet "
+        "stopped posting node status) (1 other pod of the job on not-Ready nodes). "
+    ), stuck.message
+    assert node_trouble([on(pod("w-2"), "n2"), pod("unscheduled")], down, "ml") is None

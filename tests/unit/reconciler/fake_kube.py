@@ -53,6 +53,7 @@ from rljob_operator.checks import NodeInfo
 from rljob_operator.kube import PLURALS, Kube, timeout_message
 from rljob_operator.metrics import Metrics
 from rljob_operator.names import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, MANAGED_BY
+from rljob_operator.pod_states import NodeDown, not_ready
 from rljob_operator.reconcile import Reconciler
 from rljob_operator.watch_cache import selected, slim_rayjob  # selected: the API server's selectors
 
@@ -260,6 +261,10 @@ class FakeKube:
             if not n["spec"].get("unschedulable")
         ]
 
+    async def nodes_not_ready(self) -> dict[str, NodeDown]:
+        self._enter("nodes_not_ready")
+        return not_ready(self._list(NODE, "", ""))
+
     async def exists(self, namespace: str, resource: str, name: str) -> bool:
         self._enter("exists", namespace, resource, name)
         return (_CORE_PLURALS.get(resource, ""), namespace, name) in self.store
@@ -400,6 +405,19 @@ class FakeKube:
         body = {"metadata": {"labels": dict(labels or {})}, "spec": {}}
         self.put(NODE, "", name, {**body, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}})
 
+    def set_node_ready(self, name: str, status: str, reason: str = "", message: str = "") -> None:
+        """The node's Ready condition as the kubelet (True) or the node lifecycle controller (Unknown,
+        when the kubelet stopped posting) writes it."""
+        stamp = self._clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": stamp,
+        }
+        self.put_status(NODE, "", name, {"conditions": [condition]}, "kube-controller-manager")
+
     def add_pod(
         self,
         job: str,
@@ -410,6 +428,7 @@ class FakeKube:
         waiting: Mapping[str, str] | None = None,
         role: str = "gpu",
         unschedulable: str = "",
+        node: str = "",
         **container_status: Any,
     ) -> None:
         """A pod of `job` (labelled as KubeRay labels them from the RayJob's templates), as the
@@ -425,7 +444,7 @@ class FakeKube:
             status["conditions"] = [{**scheduled, "message": unschedulable, "lastTransitionTime": stamp}]
         body = {
             "metadata": {"labels": {LABEL_JOB: job, LABEL_ROLE: role}},
-            "spec": {"containers": [container]},
+            "spec": {"containers": [container], **({"nodeName": node} if node else {})},
             "status": status,
         }
         self.put(POD, "ml", name, body, manager="kubelet")

@@ -106,3 +106,54 @@ def test_a_rayjob_deleted_behind_the_operators_back_is_recreated_and_announced_a
     assert message.startswith("RayJob job-a was deleted, not by this operator; recreated it")
     # Only the first RayJob was "created": the replacement is not announced as a new job's.
     assert [r for _, r, _ in h.events].count("Created") == 1
+
+
+def test_a_running_job_on_a_node_that_stopped_reporting_shows_why_and_recovers() -> None:
+    """The kubelet of the head's node stops: the node lifecycle controller sets its Ready condition
+    Unknown. The job stays Running but says which pod and node, with Ready=False and Reconciling=True
+    (kstatus: in progress), in a Warning event; when the node is back, Running again."""
+    h = _started()
+    h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    h.kube.add_pod("job-a", "job-a-head-x", phase="Running", role="head", node="gpu-0")
+    h.kube.add_pod("job-a", "job-a-worker-y", phase="Running", node="gpu-0")
+    h.reconcile("job-a")
+    assert h.condition("job-a", "Ready")["reason"] == "Running"
+    h.kube.set_node_ready("gpu-0", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+    h.reconcile("job-a")
+    status = h.status("job-a")
+    ready, reconciling = h.condition("job-a", "Ready"), h.condition("job-a", "Reconciling")
+    assert status["phase"] == "Running" and ready["status"] == "False" and reconciling["status"] == "True"
+    assert ready["reason"] == reconciling["reason"] == "NodeNotReady"
+    message = ready["message"]
+    assert message.startswith(
+        "the Ray head (pod job-a-head-x) is on node gpu-0, which is not Ready since "
+    ), message
+    assert message.split(" since ")[1].split()[0].count(":") == 2, message  # the time it stopped, HH:MM:SS
+    assert (
+        "(NodeStatusUnknown: Kubelet stopped posting node status) (1 other pod of the job on not-Ready"
+        in message
+    )
+    assert "kubectl describe node gpu-0" in ready["message"]
+    assert h.condition("job-a", "Stalled")["status"] == "False"
+    kind, reason, message = h.events[-1]
+    assert (kind, reason) == ("Warning", "NodeNotReady") and message.startswith("Running: the Ray head"), (
+        h.events[-1]
+    )
+
+    h.kube.set_node_ready("gpu-0", "True", "KubeletReady", "kubelet is posting ready status")
+    h.reconcile("job-a")
+    assert (
+        h.condition("job-a", "Ready")["status"] == "True"
+        and h.condition("job-a", "Ready")["reason"] == "Running"
+    )
+    assert h.events[-1][:2] == ("Normal", "Running")
+
+
+def test_a_not_ready_node_without_the_jobs_pods_changes_nothing() -> None:
+    h = _started()
+    h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    h.kube.add_node("gpu-1")
+    h.kube.add_pod("job-a", "job-a-head-x", phase="Running", role="head", node="gpu-0")
+    h.kube.set_node_ready("gpu-1", "False", "KubeletNotReady", "container runtime is down")
+    h.reconcile("job-a")
+    assert h.condition("job-a", "Ready")["status"] == "True"
