@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import engine_api
-from .base import EngineUpdateLike, Metrics, RolloutSide, WeightSender, WeightTransport, timed
+from .base import EngineUpdateLike, Metrics, RolloutSide, WeightSender, WeightTransport, nbytes, timed
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ def write_weights_dir(
     temporary name and renamed, so a reader never sees half of it."""
     from safetensors.torch import save_file
 
-    size = sum(int(t.numel()) * int(t.element_size()) for t in named.values())
+    size = nbytes(named)
     if directory is None:
         directory = tempfile.mkdtemp(prefix="rljob-weights-", dir=scratch_root(size))
     target = Path(directory)
