@@ -191,13 +191,16 @@ def check_ray_token_auth(cluster: Cluster, ns: str, pods: list[dict[str, Any]]) 
     assert dashboard_status(url, "not-the-token") in (401, 403)
 
 
+def job_status(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
+    return (cluster.get("rljob", name, ns) or {}).get("status") or {}
+
+
 def phase(cluster: Cluster, name: str, ns: str) -> str:
-    return str(((cluster.get("rljob", name, ns) or {}).get("status") or {}).get("phase", ""))
+    return str(job_status(cluster, name, ns).get("phase", ""))
 
 
 def progress_step(cluster: Cluster, name: str, ns: str) -> int:
-    status = (cluster.get("rljob", name, ns) or {}).get("status") or {}
-    return int((status.get("progress") or {}).get("step") or 0)
+    return int((job_status(cluster, name, ns).get("progress") or {}).get("step") or 0)
 
 
 def head_pod(cluster: Cluster, ns: str) -> dict[str, Any] | None:
@@ -258,8 +261,8 @@ def print_step_times(logdir: Path) -> None:
 
 
 def ready_condition(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
-    status = (cluster.get("rljob", name, ns) or {}).get("status") or {}
-    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+    conditions = job_status(cluster, name, ns).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
 
 
 def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) -> None:
@@ -357,7 +360,7 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     # remaining steps (minutes) outlast the node controller's grace period: the node goes NotReady,
     # and the job says which pod and node; with the kubelet back, Running again.
     def restarted_and_running() -> bool:
-        status = (real_cluster.get("rljob", name, ns) or {}).get("status") or {}
+        status = job_status(real_cluster, name, ns)
         return status.get("restarts") == 1 and status.get("phase") == "Running"
 
     wait_for("the restarted job Running", restarted_and_running, 900)
