@@ -25,7 +25,9 @@ class Plan:
     `blocker`: what stops the job before anything is created (its name). `restart`: the failure of
     the RayJob that a restart cures, within the backoff limit: record the restart and delete it (then
     plan again). `replacing`: a recorded restart's failed RayJob is still being deleted: nothing is
-    applied to it, its successor is created once it is gone. `apply`: run admission and create or
+    applied to it, its successor is created once it is gone. A RayJob someone else deleted (KubeRay's
+    finalizer holds it while it stops the Ray job) is not applied to either: an apply that lands
+    after it is gone would create its successor unannounced. `apply`: run admission and create or
     update the children. `export`: run the checkpoint exports that are due."""
 
     rayjob: dict[str, Any] | None
@@ -49,12 +51,13 @@ def plan(job: Job, rayjob: dict[str, Any] | None) -> Plan:
     failure = failure_of(rayjob) if live and rayjob is not None else None
     restart = failure if failure is not None and should_restart(job, failure) else None
     replacing = rayjob is not None and restart_pending(job, rayjob)
+    going = rayjob is not None and bool((rayjob.get("metadata") or {}).get("deletionTimestamp"))
     return Plan(
         rayjob=rayjob,
         leftover=leftover,
         blocker=blocker,
         restart=restart,
         replacing=replacing,
-        apply=live and restart is None and not replacing and leftover is None,
+        apply=live and restart is None and not replacing and not going and leftover is None,
         export=blocker is None and leftover is None,
     )

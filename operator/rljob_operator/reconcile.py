@@ -106,6 +106,13 @@ async def all_of(*steps: Awaitable[Any]) -> list[Any]:
     return results
 
 
+def _replaced(read: Mapping[str, Any] | None, applied: Mapping[str, Any]) -> bool:
+    """The apply returned another object than the one this pass read: the read one was gone."""
+    if read is None or read is applied:
+        return False
+    return (read.get("metadata") or {}).get("uid") != (applied.get("metadata") or {}).get("uid")
+
+
 def others_part(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of a job is not the operator's: its metadata (less what every write changes), its spec and
     the runtime's status.progress. The rest of status is the operator's."""
@@ -388,7 +395,9 @@ class Reconciler:
                     applied = await self._apply_child(
                         job, build_rayjob(job, self.settings, suspend=suspend), current=rayjob
                     )
-                    if created and rayjob is None:
+                    if (created and rayjob is None) or _replaced(rayjob, applied):
+                        # A RayJob deleted by hand between this pass's read and its apply: the
+                        # server-side apply created it again.
                         self._announce_created(obj, job, applied)
                     if applied is not rayjob:
                         self._own_rayjob(job, applied)

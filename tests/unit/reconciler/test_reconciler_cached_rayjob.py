@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fake_kube import JOB, RAYJOB, Harness, one_gpu_job
+from fake_kube import JOB, RAYJOB, Harness, WatchEvent, one_gpu_job
 
 from rljob_operator.own_writes import UNSEEN_RAYJOB_SECONDS
 
@@ -153,3 +153,43 @@ def test_a_mark_whose_event_never_comes_goes_at_a_resync_after_a_minute() -> Non
     gets = _gets(h)
     h.reconcile("job-a")
     assert _gets(h) == gets  # the index again
+
+
+def _running() -> Harness:
+    h = _started()
+    h.kube.set_rayjob_status("job-a", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    h.settle()
+    assert h.status("job-a")["phase"] == "Running"
+    return h
+
+
+def test_a_rayjob_deleted_by_hand_after_the_pass_read_it_is_recreated_by_the_apply_and_announced() -> None:
+    """`kubectl delete rayjob` lands between the index's answer and the resync pass's apply: the
+    server-side apply creates it again. That is a recreation, and it says so (it was once silent)."""
+    h = _running()
+    old = (h.kube.get(RAYJOB, "ml", "job-a") or {})["metadata"]["uid"]
+    h.kube.delete(RAYJOB, "ml", "job-a")  # its DELETED event still on its way to the index
+    h.reconciler.reapply_all({("ml", "job-a")})  # the resync: every child applied again
+    h.reconcile("job-a")
+    assert (h.kube.get(RAYJOB, "ml", "job-a") or {})["metadata"]["uid"] != old
+    h.settle()  # the old one's deletion, the new one's creation: nothing more to do
+    assert [reason for _, reason, _ in h.events].count("Recreated") == 1
+
+
+def test_a_rayjob_being_deleted_is_not_applied_to_and_its_successor_comes_once_it_is_gone() -> None:
+    """KubeRay's finalizer holds a RayJob deleted by hand while it stops the Ray job: applying to it
+    changes nothing, and an apply that lands after it is gone would create the successor unseen."""
+    h = _running()
+    h.kube.slow_deletes = True
+    rayjob = h.kube.get(RAYJOB, "ml", "job-a") or {}
+    asyncio.run(h.kube.delete_rayjob("ml", "job-a", rayjob["metadata"]["uid"]))  # by hand, finalizer on
+    stored = h.kube.store[(RAYJOB, "ml", "job-a")].obj["metadata"]
+    stored["generation"] += 1  # as the API server does when it sets a deletionTimestamp
+    h.kube.watch.append(WatchEvent("MODIFIED", RAYJOB, h.kube.get(RAYJOB, "ml", "job-a") or {}))
+    applies = len(h.kube.calls_to("apply"))
+    h.settle()
+    assert len(h.kube.calls_to("apply")) == applies
+    h.kube.delete(RAYJOB, "ml", "job-a")  # the finalizer removed
+    h.settle()
+    assert (h.kube.get(RAYJOB, "ml", "job-a") or {})["metadata"]["uid"] != rayjob["metadata"]["uid"]
+    assert [reason for _, reason, _ in h.events].count("Recreated") == 1
