@@ -53,8 +53,16 @@ class OperatorProcess:
                 self.wait_healthy(timeout)
                 return
             except RuntimeError:
-                if attempt == attempts - 1 or "Address already in use" not in self.log_tail():
+                if attempt == attempts - 1 or not self.lost_its_port():
                     raise
+
+    def lost_its_port(self) -> bool:
+        """It exited because a port free_port() chose was taken before it bound it: launch again."""
+        return (
+            self.proc is not None
+            and self.proc.poll() is not None
+            and "address already in use" in self.log_tail().lower()
+        )
 
     def launch(self) -> None:
         """Starts the process without waiting for it (several can then start at once)."""

@@ -262,7 +262,9 @@ def _run_batch(
         verdicts: dict[tuple[str, int, str, str], Verdict] = {}
         while len(verdicts) < len(served) and time.monotonic() - started < CASE_TIMEOUT_S:
             for case, s in served.items():
-                if case not in verdicts and _expected(case[2], case[3]) in s.operator.log_path.read_text(
+                if case not in verdicts and s.operator.lost_its_port():
+                    s.operator.launch()  # on other ports; its log starts afresh
+                elif case not in verdicts and _expected(case[2], case[3]) in s.operator.log_path.read_text(
                     errors="replace"
                 ):
                     verdicts[case] = Verdict(True, time.monotonic() - started, "")
