@@ -363,24 +363,23 @@ def _train(spec: RLTrainingJobSpec, trainer: TrainerBackend, samples: list[Sampl
     from .algo.advantages import compute_advantages
     from .algo.masked import masked_explained_variance
     from .trainer.base import build_batch
+    from .trainer.rank_base import skips_logprobs_pass
 
-    logprobs = trainer.logprobs(samples)
     mask = build_batch(samples).loss_mask.float()
-    mask = mask[:, : logprobs.logp.shape[1]]
+    old_logp = ref_logp = values = kl = None
+    if not skips_logprobs_pass(spec, len(samples)):  # when skipped, the step's forward gives old_logp
+        logprobs = trainer.logprobs(samples)
+        old_logp, ref_logp, values = logprobs.logp, logprobs.ref_logp, logprobs.values
+        mask = mask[:, : old_logp.shape[1]]
+        kl = None if ref_logp is None else (old_logp - ref_logp) * mask
     rewards = torch.tensor([scalar_reward(s, spec.reward.reward_key) for s in samples], dtype=torch.float32)
-    kl = None if logprobs.ref_logp is None else (logprobs.logp - logprobs.ref_logp) * mask
     advantages = compute_advantages(
-        spec.algorithm, rewards, mask, spec.rollout.n_samples_per_prompt, kl=kl, values=logprobs.values
+        spec.algorithm, rewards, mask, spec.rollout.n_samples_per_prompt, kl=kl, values=values
     )
     metrics = trainer.train(
-        samples,
-        advantages.advantages,
-        logprobs.logp,
-        logprobs.ref_logp,
-        values=logprobs.values,
-        returns=advantages.returns,
+        samples, advantages.advantages, old_logp, ref_logp, values=values, returns=advantages.returns
     )
-    if logprobs.values is not None and advantages.returns is not None:
+    if values is not None and advantages.returns is not None:
         # How much of the returns' variance the critic explained before this step's update.
-        metrics["value_explained_var"] = masked_explained_variance(logprobs.values, advantages.returns, mask)
+        metrics["value_explained_var"] = masked_explained_variance(values, advantages.returns, mask)
     return metrics

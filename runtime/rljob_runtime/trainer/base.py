@@ -391,7 +391,7 @@ class TrainerBackend(WeightSender, Protocol):
         self,
         samples: Sequence[Sample],
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
         *,
         values: torch.Tensor | None = None,
@@ -401,7 +401,9 @@ class TrainerBackend(WeightSender, Protocol):
         from ``logprobs``) and ``returns`` (GAE's) train the critic (advantageEstimator ppo).
 
         ``samples`` is a whole number of global batches, at most rollout.batchSize groups (dynamic
-        sampling may bring fewer); each global batch is one optimizer step."""
+        sampling may bring fewer); each global batch is one optimizer step. ``old_logp`` None: the
+        samples are one global batch, and the log-probs of the step's own forward pass are the old
+        ones (``skips_logprobs_pass``)."""
         ...
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
@@ -453,7 +455,7 @@ class TrainerRank(Protocol):
         self,
         batch: TrainBatch,
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
         denominators: Sequence[float] | None = None,
         *,
@@ -496,10 +498,11 @@ def check_policy_inputs(
     old_logp: Any,
     ref_logp: Any,
     use_kl_loss: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``train``'s per-token inputs checked and padded to the batch (every backend's contract)."""
     advantages = check_per_token("advantages", advantages, batch)
-    old_logp = check_per_token("old_logp", old_logp, batch)
+    if old_logp is not None:
+        old_logp = check_per_token("old_logp", old_logp, batch)
     if ref_logp is not None:
         ref_logp = check_per_token("ref_logp", ref_logp, batch)
     elif use_kl_loss:

@@ -197,7 +197,7 @@ class TrainerGroup:
         self,
         samples: Sequence[Sample],
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
         *,
         values: torch.Tensor | None = None,
@@ -208,10 +208,14 @@ class TrainerGroup:
         self._check_identity(samples)
         full = build_batch(samples)
         advantages = check_per_token("advantages", advantages, full)
-        old_logp = check_per_token("old_logp", old_logp, full)
-        ref_logp, values, returns = (
+        old_logp, ref_logp, values, returns = (
             None if t is None else check_per_token(name, t, full)
-            for name, t in (("ref_logp", ref_logp), ("values", values), ("returns", returns))
+            for name, t in (
+                ("old_logp", old_logp),
+                ("ref_logp", ref_logp),
+                ("values", values),
+                ("returns", returns),
+            )
         )
         gbs = self.spec.training.global_batch_size
         reduction = self.spec.algorithm.loss_reduction

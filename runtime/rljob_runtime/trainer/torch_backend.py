@@ -334,7 +334,7 @@ class TorchTrainerRank(TrainerRankBase):
         batch: TrainBatch,
         micro_batches: list[Rows],
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
         denominator: float,
     ) -> Metrics:

@@ -301,7 +301,7 @@ class MegatronTrainerRank(TrainerRankBase):
         batch: TrainBatch,
         micro_batches: list[slice | list[int]],
         advantages: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
         denominator: float,
     ) -> Metrics:
