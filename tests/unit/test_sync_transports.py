@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -279,6 +281,20 @@ def test_a_trainer_that_is_gone_at_close_leaves_the_driver_to_remove_the_directo
     path = next(e for e in log if e[0] == "post")[2]["http://a"]["model_path"]
     disk.close()
     assert not Path(path).exists()
+
+
+def test_a_trainer_that_never_answers_at_close_holds_it_up_no_longer_than_its_limit(tmp_path: Path) -> None:
+    class Stuck(Trainer):
+        def remove_weights(self, directory: str) -> None:
+            threading.Event().wait()  # a rank stuck in a collective
+
+    log: list[Any] = []
+    disk = DiskTransport()
+    disk.push(Stuck(log), Rollout(log), 1)
+    path = next(e for e in log if e[0] == "post")[2]["http://a"]["model_path"]
+    t0 = time.monotonic()
+    disk.close(timeout_s=0.5)
+    assert time.monotonic() - t0 < 5 and not Path(path).exists()
 
 
 def test_the_scratch_directory_is_in_shm_only_when_it_has_room_for_two_copies(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ the temp directory (a pod's own ``/dev/shm`` is 64 MiB unless a memory volume is
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 SIDE_FILES = ("config.json", "generation_config.json")
 WEIGHTS_FILE = "model.safetensors"
 SHM = "/dev/shm"
+# How long close waits for the trainer to remove the directory: a rank stuck in a collective must not
+# hold up the run's shutdown.
+REMOVE_TIMEOUT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def scratch_root(needed_bytes: int, shm: str = SHM) -> str | None:
@@ -90,12 +97,25 @@ class DiskTransport(WeightTransport):
                 "/update_weights_from_disk", engine_api.update_weights_from_disk_body(self._directory)
             )
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
         directory, writer = self._directory, self._writer
         self._directory = self._writer = None
         if directory is None or writer is None:
             return
-        try:
-            writer.remove_weights(directory)
-        except Exception:  # the trainer may be gone (its node's scratch goes with its pod)
+        removed = threading.Event()
+
+        def remove() -> None:
+            try:
+                writer.remove_weights(directory)
+                removed.set()
+            except Exception:  # the trainer may be gone (its node's scratch goes with its pod)
+                pass
+
+        # A daemon thread: a trainer that never answers leaves it behind, not the process.
+        worker = threading.Thread(target=remove, name="remove-weights", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if not removed.is_set():
+            if worker.is_alive():
+                log.warning("the trainer did not remove %s in %.0f s; removing it here", directory, timeout_s)
             shutil.rmtree(directory, ignore_errors=True)  # on one node, the driver can remove it itself
