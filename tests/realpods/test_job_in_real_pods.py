@@ -2,7 +2,8 @@
 from the runtime-cpu image on the real node, in a namespace that enforces `restricted`, and
 submits the runtime through the head's Service (HTTPMode, the default submission mode). The model
 and the data come from a PersistentVolume on the node, the checkpoints go to another; the runtime
-writes the job's progress from inside the head pod with its own ServiceAccount. On the way its head
+writes the job's progress from inside the head pod with its own ServiceAccount; its NetworkPolicy,
+enforced by kube-router on the node, keeps other pods away from the head. On the way its head
 pod is deleted and then its driver killed; the job must reach Succeeded, having lost at most the
 steps since its last checkpoint, with its reward rising (tests/learning.py's criterion). One job
 carries every check: each start of it costs minutes on two cores."""
@@ -27,7 +28,7 @@ import pytest
 import yaml
 from e2e.conftest import Cluster
 from learning import learned
-from real_pods import wait_for
+from real_pods import pod, wait_for, wait_phase
 
 pytestmark = pytest.mark.realpods
 
@@ -191,6 +192,55 @@ def check_ray_token_auth(cluster: Cluster, ns: str, pods: list[dict[str, Any]]) 
     assert dashboard_status(url, "not-the-token") in (401, 403)
 
 
+# Connects to each host:port given and prints whether it opened (kube-router rejects what a
+# NetworkPolicy denies: ConnectionRefusedError at once).
+PROBE = (
+    "import socket, sys\n"
+    "for target in sys.argv[1:]:\n"
+    "    host, port = target.rsplit(':', 1)\n"
+    "    s = socket.socket(); s.settimeout(5)\n"
+    "    try:\n"
+    "        s.connect((host, int(port))); print(target, 'open')\n"
+    "    except OSError as exc:\n"
+    "        print(target, type(exc).__name__)\n"
+    "    s.close()\n"
+)
+
+
+def probe(cluster: Cluster, ns: str, pod_name: str, container: str, *targets: str) -> dict[str, str]:
+    out = cluster.kubectl("exec", pod_name, "-n", ns, "-c", container, "--", "python3", "-c", PROBE, *targets)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines())
+
+
+def check_network_policy(cluster: Cluster, ns: str, pods: list[dict[str, Any]]) -> None:
+    """The job's NetworkPolicy, enforced on the real node (kube-router): its worker reaches the head's
+    GCS (6379) and dashboard (8265); a pod of the same namespace that is not the job's reaches
+    neither, though it reaches the cluster's DNS."""
+    (head,) = [p for p in pods if p["metadata"]["labels"].get("ray.io/node-type") == "head"]
+    worker = next(p for p in pods if p["metadata"]["labels"].get("ray.io/node-type") == "worker")
+    ports = [f"{head['status']['podIP']}:{port}" for port in (6379, 8265)]
+    container = worker["spec"]["containers"][0]["name"]
+    from_worker = probe(cluster, ns, worker["metadata"]["name"], container, *ports)
+    assert all(v == "open" for v in from_worker.values()), from_worker
+    cluster.apply(
+        {**pod("outsider", "import time; time.sleep(900)"), "metadata": {"name": "outsider", "namespace": ns}}
+    )
+    try:
+        wait_phase(cluster, ns, "outsider", {"Running"})
+        dns = (cluster.get("service", "kube-dns", "kube-system") or {})["spec"]["clusterIP"]
+
+        def shut_out() -> dict[str, str] | None:  # kube-router programs a new pod's rules in seconds
+            seen = probe(cluster, ns, "outsider", "main", *ports, f"{dns}:53")
+            return seen if all(seen[p] != "open" for p in ports) else None
+
+        from_outside = wait_for("the head's ports closed to a pod outside the job", shut_out, 60)
+    finally:
+        cluster.kubectl("delete", "pod", "outsider", "-n", ns, "--wait=false", check=False)
+    say(f"from the job's worker: {from_worker}; from another pod: {from_outside}")
+    assert from_outside.pop(f"{dns}:53") == "open", from_outside
+    assert all(v != "open" for v in from_outside.values()), from_outside
+
+
 def job_status(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
     return (cluster.get("rljob", name, ns) or {}).get("status") or {}
 
@@ -326,6 +376,7 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     ]
     say(f"pods Running {time.monotonic() - t0:.0f} s after apply")
     check_ray_token_auth(real_cluster, ns, pods)
+    check_network_policy(real_cluster, ns, pods)
 
     # Fault 1: the head pod deleted after a step; the step in flight is saved (preStop).
     wait_for(

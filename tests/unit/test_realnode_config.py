@@ -73,6 +73,18 @@ def test_kubelet_authenticates_the_api_server_and_never_touches_host_sysctls() -
     assert set(rc.KERNEL_DEFAULTS) == {"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
 
 
+def test_kube_router_only_enforces_network_policy() -> None:
+    """Routing, the service proxy and the CNI config stay the harness's (the bridge, kube-proxy):
+    kube-router running them too would fight over the node's routes and iptables."""
+    args = dict(
+        a.removeprefix("--").split("=", 1) for a in rc.kube_router_args(Path("/kc"), health_port=20244)
+    )
+    assert args["run-firewall"] == "true"
+    assert args["run-router"] == args["run-service-proxy"] == args["enable-cni"] == "false"
+    assert args["hostname-override"] == rc.NODE_NAME and args["kubeconfig"] == "/kc"
+    assert args["service-cluster-ip-range"] == rc.SERVICE_CIDR and args["health-port"] == "20244"
+
+
 def test_apiserver_dials_kubelets_with_a_client_certificate() -> None:
     args = {a["key"]: a["value"] for a in rc.apiserver_args(Path("/pki/admin.crt"), Path("/pki/admin.key"))}
     assert args["kubelet-client-certificate"] == "/pki/admin.crt"

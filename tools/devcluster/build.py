@@ -32,6 +32,10 @@ KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 # Cluster DNS of the real node (up --real-node): the newest CoreDNS the module proxy serves.
 COREDNS_VERSION = "v1.14.7"
+# The real node's NetworkPolicy enforcement (its firewall controller only: iptables and ipset). The
+# one version the module proxy serves here; security flaws are reported against it, and it runs only
+# inside the dev cluster's node, never in what rljob ships.
+KUBE_ROUTER_VERSION = "v2.1.0"
 PAUSE_DIR = HERE / "pause"
 
 
@@ -128,7 +132,8 @@ def kuberay_crd_dir() -> Path:
 
 def real_node_binaries() -> list[Binary]:
     """What `up --real-node` runs besides the control plane: the kubelet and kube-proxy from the same
-    module set as the API server, CoreDNS, and the pod sandbox's pause (tools/devcluster/pause)."""
+    module set as the API server, CoreDNS, kube-router (NetworkPolicy) and the pod sandbox's pause
+    (tools/devcluster/pause)."""
     kube = gomod_versions()["kubernetes"]
     pause_hash = hashlib.sha256((PAUSE_DIR / "main.go").read_bytes()).hexdigest()[:12]
     return [
@@ -136,6 +141,12 @@ def real_node_binaries() -> list[Binary]:
         for c in ("kubelet", "kube-proxy")
     ] + [
         Binary("coredns", COREDNS_VERSION, f"github.com/coredns/coredns@{COREDNS_VERSION}", True),
+        Binary(
+            "kube-router",
+            KUBE_ROUTER_VERSION,
+            f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@{KUBE_ROUTER_VERSION}",
+            True,
+        ),
         Binary("pause", pause_hash, ".", False, gomod=PAUSE_DIR),
     ]
 

@@ -1,6 +1,7 @@
 """A real node beside the kwok ones (`devcluster.py up --real-node`): containerd + runc from Debian's
-packages, a kubelet and kube-proxy built from the API server's own module set, CoreDNS, and a CNI
-bridge. Pods on it are real containers; the kwok GPU pools stay for the scheduling tests.
+packages, a kubelet and kube-proxy built from the API server's own module set, CoreDNS, a CNI
+bridge, and kube-router enforcing NetworkPolicy. Pods on it are real containers; the kwok GPU pools
+stay for the scheduling tests.
 
 One real node per machine: its bridge, its routes and containerd's image store are machine-wide.
 The kubelet and containerd share a private mount namespace in which the kernel settings the kubelet
@@ -40,6 +41,7 @@ from realnode_config import (
     containerd_toml,
     coredns_manifests,
     kube_proxy_config,
+    kube_router_args,
     kubelet_config,
 )
 from state import Ctx, save_state
@@ -50,6 +52,7 @@ NODE_COMMANDS = {
     "ctr": "containerd",
     "runc": "runc",
     "iptables": "iptables",
+    "ipset": "ipset",
     "conntrack": "conntrack",
     "ip": "iproute2",
     "unshare": "util-linux",
@@ -144,7 +147,8 @@ def setup_network() -> None:
 def teardown_network() -> None:
     while sh("iptables", "-C", *FORWARD_GUARD).returncode == 0:
         sh("iptables", "-D", *FORWARD_GUARD)
-    # The kubelet's own chains (KUBE-FIREWALL, canaries) outlive it; kube-proxy --cleanup took its.
+    # The kubelet's own chains (KUBE-FIREWALL, canaries) and kube-router's (KUBE-ROUTER-*, KUBE-NWPLCY-*,
+    # KUBE-POD-FW-*) outlive them; kube-proxy --cleanup took its.
     for table in ("nat", "filter", "mangle"):
         rules = sh("iptables", "-t", table, "-S").stdout.splitlines()
         for rule in rules:
@@ -155,6 +159,11 @@ def teardown_network() -> None:
             sh("iptables", "-t", table, "-F", chain)
         for chain in chains:
             sh("iptables", "-t", table, "-X", chain)
+    # kube-router's ipsets, once no rule refers to them (its --cleanup-config leaves them, and more).
+    if shutil.which("ipset"):
+        for name in sh("ipset", "list", "-n").stdout.split():
+            if name.startswith("KUBE-"):
+                sh("ipset", "destroy", name)
     sh("ip", "route", "del", SERVICE_CIDR, "dev", BRIDGE)
     sh("ip", "route", "del", "unreachable", GUARD_CIDR)
     sh("ip", "link", "del", BRIDGE)
@@ -358,6 +367,18 @@ def start_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
         ctx.logs / "kube-proxy.log",
         proxy,
     )
+    (router_healthz,) = free_ports(1)
+    router_cmd = [str(bins["kube-router"]), *kube_router_args(ctx.kubeconfig, health_port=router_healthz)]
+    router = spawn(router_cmd, ctx.logs / "kube-router.log", env)
+    node.update(kube_router_pid=router.pid, kube_router_healthz=f"http://127.0.0.1:{router_healthz}/healthz")
+    save_state(ctx, state)
+    wait_for(
+        "kube-router",
+        lambda: http_get(node["kube_router_healthz"])[0] == 200,
+        60,
+        ctx.logs / "kube-router.log",
+        router,
+    )
     doc = yaml.safe_dump_all(coredns_manifests(), sort_keys=False)
     ctx.kubectl("apply", "--server-side", "--field-manager=devcluster", "-f", "-", input=doc)
     wait_for(
@@ -379,7 +400,8 @@ def start_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
         ctx.logs / "kubelet.log",
     )
     log(
-        f"real node {NODE_NAME} ready in {time.monotonic() - t0:.0f} s (kubelet, containerd, kube-proxy, CoreDNS)"
+        f"real node {NODE_NAME} ready in {time.monotonic() - t0:.0f} s"
+        " (kubelet, containerd, kube-proxy, kube-router, CoreDNS)"
     )
 
 
@@ -399,7 +421,8 @@ def _cmd(pid: int) -> str:
 
 
 def stop_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
-    """Stops the kubelet, every container, containerd and kube-proxy; removes the node's network."""
+    """Stops the kubelet, every container, containerd, kube-proxy and kube-router; removes the node's
+    network."""
     node = state.get("real_node")
     if not node:
         return
@@ -407,6 +430,7 @@ def stop_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
     for key, marker, what in (
         ("kubelet_pid", "kubelet", "kubelet"),
         ("kube_proxy_pid", "kube-proxy", "kube-proxy"),
+        ("kube_router_pid", "kube-router", "kube-router"),
     ):
         pid = node.get(key)
         if pid:

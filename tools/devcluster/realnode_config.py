@@ -1,5 +1,5 @@
 """The real node's configuration files (pure: text and dicts, no I/O): containerd, CNI, the kubelet,
-kube-proxy, CoreDNS, and the control-plane flags a real node needs.
+kube-proxy, kube-router, CoreDNS, and the control-plane flags a real node needs.
 
 Addresses: the pods' bridge and the services live in 198.18.0.0/15 (RFC 2544's test range): the
 bridge holds 198.18.0.1/24 (the node's InternalIP, where the kubelet listens and the API server is
@@ -200,6 +200,25 @@ def kube_proxy_config(kubeconfig: Path, *, healthz_port: int, metrics_port: int)
         # Leave the host's conntrack sysctls alone (a container cannot change them).
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
     }
+
+
+def kube_router_args(kubeconfig: Path, *, health_port: int) -> list[str]:
+    """kube-router as the node's NetworkPolicy enforcer and nothing else: pods reach each other on
+    the CNI bridge (no routing of its own), kube-proxy serves the Services, the CNI config is ours.
+    Traffic from the node itself (KubeRay and its submissions, run on the host; the kubelet's probes)
+    stays allowed, as kube-router allows a pod's own node."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--enable-cni=false",
+        "--enable-ipv6=false",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--health-port={health_port}",
+        "--v=1",
+    ]
 
 
 def apiserver_args(admin_cert: Path, admin_key: Path) -> list[dict[str, str]]:
