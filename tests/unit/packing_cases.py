@@ -1,8 +1,12 @@
 """Samples of very different lengths for the packed == padded tests of both trainer backends
 (training.dynamicBatch): short and long prompts and responses, one empty response, a masked tool span,
-so that a packed micro-batch holds rows of every kind and any attention across rows shows."""
+so that a packed micro-batch holds rows of every kind and any attention across rows shows. And the
+tiny random Llama the torch backend's tests train on."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -38,3 +42,23 @@ def advantages_for(rows: int, width: int, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     per_sample = torch.randn(rows, generator=gen)
     return per_sample[:, None].expand(rows, width).clone()
+
+
+def save_tiny_llama(dest: Path, vocab_size: int) -> Path:
+    """A tiny random Llama (seed 0, float32, untied head) saved as a Hugging Face directory."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(dest, safe_serialization=True)
+    assert json.loads((dest / "config.json").read_text())["vocab_size"] == vocab_size
+    return dest

@@ -4,7 +4,6 @@ log-probs, critic values, loss metrics and every parameter gradient of the padde
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from packing_cases import advantages_for, long_tail_samples  # noqa: E402
+from packing_cases import advantages_for, long_tail_samples, save_tiny_llama  # noqa: E402
 
 from rljob_api.spec import RLTrainingJobSpec  # noqa: E402
 from rljob_runtime.trainer.base import TrainBatch, build_batch  # noqa: E402
@@ -25,22 +24,7 @@ BUDGET = 48  # tokens per packed micro-batch: the 8 rows (3..40 tokens, 172 in a
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    dest = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(dest, safe_serialization=True)
-    assert json.loads((dest / "config.json").read_text())["vocab_size"] == VOCAB
-    return dest
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), VOCAB)
 
 
 def make_spec(model: Path, *, dynamic: bool, estimator: str = "grpo") -> RLTrainingJobSpec:

@@ -6,7 +6,6 @@ it runs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from packing_cases import advantages_for, long_tail_samples  # noqa: E402
+from packing_cases import advantages_for, long_tail_samples, save_tiny_llama  # noqa: E402
 
 from rljob_api.spec import RLTrainingJobSpec  # noqa: E402
 from rljob_runtime import driver  # noqa: E402
@@ -29,20 +28,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    dest = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(dest, safe_serialization=True)
-    assert json.loads((dest / "config.json").read_text())["vocab_size"] == VOCAB
-    return dest
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), VOCAB)
 
 
 def make_spec(model: Path, global_batch: int = 8, **algorithm: Any) -> RLTrainingJobSpec:
