@@ -355,30 +355,11 @@ def start_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
             kube_proxy_config(ctx.kubeconfig, healthz_port=proxy_healthz, metrics_port=proxy_metrics)
         )
     )
-    proxy = spawn(
-        [str(bins["kube-proxy"]), f"--config={p.dir / 'kube-proxy.yaml'}"], ctx.logs / "kube-proxy.log", env
-    )
-    node.update(kube_proxy_pid=proxy.pid, kube_proxy_healthz=f"http://127.0.0.1:{proxy_healthz}/healthz")
-    save_state(ctx, state)
-    wait_for(
-        "kube-proxy",
-        lambda: http_get(node["kube_proxy_healthz"])[0] == 200,
-        60,
-        ctx.logs / "kube-proxy.log",
-        proxy,
-    )
+    proxy_cmd = [str(bins["kube-proxy"]), f"--config={p.dir / 'kube-proxy.yaml'}"]
+    _serve_until_healthy(ctx, state, "kube-proxy", proxy_cmd, proxy_healthz, env)
     (router_healthz,) = free_ports(1)
     router_cmd = [str(bins["kube-router"]), *kube_router_args(ctx.kubeconfig, health_port=router_healthz)]
-    router = spawn(router_cmd, ctx.logs / "kube-router.log", env)
-    node.update(kube_router_pid=router.pid, kube_router_healthz=f"http://127.0.0.1:{router_healthz}/healthz")
-    save_state(ctx, state)
-    wait_for(
-        "kube-router",
-        lambda: http_get(node["kube_router_healthz"])[0] == 200,
-        60,
-        ctx.logs / "kube-router.log",
-        router,
-    )
+    _serve_until_healthy(ctx, state, "kube-router", router_cmd, router_healthz, env)
     doc = yaml.safe_dump_all(coredns_manifests(), sort_keys=False)
     ctx.kubectl("apply", "--server-side", "--field-manager=devcluster", "-f", "-", input=doc)
     wait_for(
@@ -403,6 +384,19 @@ def start_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
         f"real node {NODE_NAME} ready in {time.monotonic() - t0:.0f} s"
         " (kubelet, containerd, kube-proxy, kube-router, CoreDNS)"
     )
+
+
+def _serve_until_healthy(
+    ctx: Ctx, state: dict[str, Any], name: str, cmd: list[str], healthz_port: int, env: dict[str, str]
+) -> None:
+    """Start one of the node's host daemons, record its pid and probe in the state (`down` stops it
+    by them), and wait until its /healthz answers."""
+    proc = spawn(cmd, ctx.logs / f"{name}.log", env)
+    key = name.replace("-", "_")
+    healthz = f"http://127.0.0.1:{healthz_port}/healthz"
+    state["real_node"].update({f"{key}_pid": proc.pid, f"{key}_healthz": healthz})
+    save_state(ctx, state)
+    wait_for(name, lambda: http_get(healthz)[0] == 200, 60, ctx.logs / f"{name}.log", proc)
 
 
 def node_ready(ctx: Ctx) -> bool:
