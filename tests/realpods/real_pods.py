@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -64,12 +65,14 @@ def wait_phase(cluster: Cluster, ns: str, name: str, phases: set[str], timeout: 
     )
 
 
-def wait_for(what: str, check: Any, timeout: float) -> Any:
-    """`check()`'s first true value, polled each second; the test fails after `timeout` s."""
+def wait_for(what: str, check: Any, timeout: float, report: Callable[[], str] | None = None) -> Any:
+    """`check()`'s first true value, polled each second; the test fails after `timeout` s, with
+    `report()` (what the cluster looked like then) in its message."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(1)
-    pytest.fail(f"{what}: not within {timeout:.0f} s", pytrace=False)
+    seen = f"\n{report()}" if report is not None else ""
+    pytest.fail(f"{what}: not within {timeout:.0f} s{seen}", pytrace=False)

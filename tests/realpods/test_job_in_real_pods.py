@@ -241,6 +241,46 @@ def check_network_policy(cluster: Cluster, ns: str, pods: list[dict[str, Any]]) 
     assert all(v != "open" for v in from_outside.values()), from_outside
 
 
+def job_story(cluster: Cluster, name: str, ns: str, operator_ns: str) -> str:
+    """What the job, its RayJob, its pods, the namespace's events and the two operators' logs say:
+    the failure message of a wait that timed out (a rerun costs a quarter of an hour)."""
+    status = job_status(cluster, name, ns)
+    lines = [
+        "job: "
+        + json.dumps({k: status.get(k) for k in ("phase", "restarts", "restartHistory", "conditions")}),
+    ]
+    rayjob = cluster.get("rayjob", name, ns) or {}
+    meta = rayjob.get("metadata") or {}
+    lines.append(
+        "rayjob: "
+        + json.dumps(
+            {
+                "uid": meta.get("uid"),
+                "deletionTimestamp": meta.get("deletionTimestamp"),
+                "finalizers": meta.get("finalizers"),
+                "suspend": (rayjob.get("spec") or {}).get("suspend"),
+                "status": rayjob.get("status"),
+            }
+        )
+    )
+    for p in cluster.list("pods", ns):
+        states = [c.get("state") for c in p["status"].get("containerStatuses") or []]
+        lines.append(
+            f"pod {p['metadata']['name']}: {p['status'].get('phase')} "
+            f"deleting={bool(p['metadata'].get('deletionTimestamp'))} {json.dumps(states)}"
+        )
+    events = sorted(cluster.list("events", ns), key=lambda e: int(e["metadata"]["resourceVersion"]))
+    lines += [
+        f"event {e['involvedObject']['name']} {e['reason']}: {e.get('message', '')}" for e in events[-25:]
+    ]
+    operator = cluster.kubectl("logs", "-n", operator_ns, "deploy/rljob", "--tail=40", check=False)
+    lines += ["operator log:", operator.stdout + operator.stderr]
+    kuberay = Path(cluster.state.get("logs", "")) / "ray-operator.log"
+    if kuberay.is_file():
+        lines += ["KubeRay log:", *kuberay.read_text(errors="replace").splitlines()[-30:]]
+    return "\n".join(lines)
+
+
 def job_status(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
     return (cluster.get("rljob", name, ns) or {}).get("status") or {}
 
@@ -346,7 +386,11 @@ def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) ->
 
 
 def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
-    real_cluster: Cluster, runtime_image: str, job_namespace: str, job_volumes: JobVolumes
+    real_cluster: Cluster,
+    runtime_image: str,
+    job_namespace: str,
+    job_volumes: JobVolumes,
+    operator_release: str,
 ) -> None:
     """The CPU demo's job in real pods, with three faults on the way:
     - its head pod deleted after a step: the pod's preStop hook has the runtime finish the step in
@@ -356,6 +400,10 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     - then the node's kubelet stopped: the node goes NotReady and the job says so, then recovers.
     It reaches Succeeded with every step trained once before the drain and its reward rising."""
     ns, name = job_namespace, "grpo-real"
+
+    def story() -> str:
+        return job_story(real_cluster, name, ns, operator_release)
+
     job = demo_job(ns, name, runtime_image, job_volumes)
     job["spec"]["checkpoint"]["saveInterval"] = 2
     job["spec"]["faultTolerance"] = {"backoffLimit": 2, "terminationGracePeriodSeconds": 240}
@@ -370,6 +418,7 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
             and ps
         ),
         300,
+        story,
     )
     assert {p["spec"]["nodeName"] for p in pods} == {NODE}, [
         (p["metadata"]["name"], p["spec"].get("nodeName")) for p in pods
@@ -380,7 +429,10 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
 
     # Fault 1: the head pod deleted after a step; the step in flight is saved (preStop).
     wait_for(
-        "a first step reported from the head pod", lambda: progress_step(real_cluster, name, ns) >= 1, 900
+        "a first step reported from the head pod",
+        lambda: progress_step(real_cluster, name, ns) >= 1,
+        900,
+        story,
     )
     first_head = head_pod(real_cluster, ns)
     assert first_head is not None
@@ -393,11 +445,17 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
         new = head is not None and head["metadata"]["uid"] != first_head["metadata"]["uid"]
         return head if new and progress_step(real_cluster, name, ns) > deleted_after + 1 else None
 
-    head = wait_for("the job training again on a new head pod", training_on_a_new_head, 1200)
+    head = wait_for("the job training again on a new head pod", training_on_a_new_head, 1200, story)
     status = real_cluster.get("rljob", name, ns)["status"]
     say(
         f"step {progress_step(real_cluster, name, ns)} on a new head: {json.dumps(status.get('restartHistory'))}"
     )
+    # The drained runtime exits EXIT_PREEMPTED before its head container goes. Either KubeRay saw the
+    # head go first and submitted the Ray job again to the new head (the operator sees nothing), or
+    # it read the Ray job's exit first and failed the RayJob, and the operator restarted the job for
+    # a preemption (not counted against backoffLimit). Which one comes first is a race.
+    drain_restarts = status.get("preemptions") or 0
+    assert status.get("restarts", 0) == drain_restarts <= 1, status
 
     # Fault 2: the driver SIGKILLed.
     container = head["spec"]["containers"][0]["name"]
@@ -412,9 +470,9 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     # and the job says which pod and node; with the kubelet back, Running again.
     def restarted_and_running() -> bool:
         status = job_status(real_cluster, name, ns)
-        return status.get("restarts") == 1 and status.get("phase") == "Running"
+        return status.get("restarts") == drain_restarts + 1 and status.get("phase") == "Running"
 
-    wait_for("the restarted job Running", restarted_and_running, 900)
+    wait_for("the restarted job Running", restarted_and_running, 900, story)
     stop_kubelet_until_the_job_shows_it(real_cluster, name, ns)
 
     final = wait_for(
@@ -423,6 +481,7 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
             phase(real_cluster, name, ns) in ("Succeeded", "Failed") and real_cluster.get("rljob", name, ns)
         ),
         TIMEOUT_S,
+        story,
     )
     status = final["status"]
     say(
@@ -433,11 +492,12 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
         print_step_times(tb)
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
     assert status["progress"]["stepText"] == f"{STEPS}/{STEPS}", status
-    # The head pod's loss: KubeRay submitted the Ray job again to the new head, which the operator
-    # does not see; the runtime says it resumed. The driver's kill: one restart by the operator.
-    assert status.get("restarts") == 1, status
-    (entry,) = status["restartHistory"]
-    assert entry["reason"] == "DriverKilled", entry
+    # The head pod's loss: a resubmission by KubeRay or a preemption restart (above); the runtime
+    # says it resumed either way. The driver's kill: one restart by the operator, counted.
+    assert status.get("restarts") == drain_restarts + 1, status
+    assert (status.get("preemptions") or 0) == drain_restarts, status
+    reasons = [e["reason"] for e in status["restartHistory"]]
+    assert reasons == ["Preempted"] * drain_restarts + ["DriverKilled"], status["restartHistory"]
     events = sorted(
         (e for e in real_cluster.list("events", ns) if e["involvedObject"]["name"] == name),
         key=lambda e: int(e["metadata"]["resourceVersion"]),
