@@ -126,3 +126,32 @@ def test_preflight_refuses_in_one_line_per_missing_thing(monkeypatch: pytest.Mon
     assert "root: the kubelet, containerd and the bridge need it (run as root)" in missing
     (packages,) = [m for m in missing if m.startswith("Debian packages")]
     assert packages.endswith("apt-get install containerd containernetworking-plugins")
+
+
+def test_a_second_cluster_gets_no_real_node_while_another_runs_one(tmp_path: Path) -> None:
+    """One machine runs one real node (its bridge, name, ports and iptables chains are the
+    machine's): `up --real-node` of another cluster is refused, naming the one to stop."""
+    import os
+    import subprocess
+
+    import realnode
+    from state import Ctx
+
+    clusters = tmp_path / "clusters"
+    mine = Ctx("rljob-demo", clusters / "rljob-demo", {})
+    other = clusters / "other"
+    other.mkdir(parents=True)
+    assert realnode.real_node_elsewhere(mine) is None
+    (other / "state.json").write_text(json.dumps({"real_node": {"kubelet_pid": os.getpid()}}))
+    assert realnode.real_node_elsewhere(mine) == "other"
+    (clusters / "rljob-demo").mkdir()  # its own state never counts
+    (clusters / "rljob-demo" / "state.json").write_text(
+        json.dumps({"real_node": {"kubelet_pid": os.getpid()}})
+    )
+    assert realnode.real_node_elsewhere(Ctx("other", other, {})) == "rljob-demo"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (other / "state.json").write_text(json.dumps({"real_node": {"kubelet_pid": gone.pid}}))
+    assert realnode.real_node_elsewhere(mine) is None  # a node that stopped without `down`
+    (other / "state.json").write_text("not json")
+    assert realnode.real_node_elsewhere(mine) is None

@@ -268,10 +268,31 @@ def load_images(ctx: Ctx, state: dict[str, Any], archives: list[Path]) -> list[s
     return [import_image(p, archive) for archive in archives]
 
 
+def real_node_elsewhere(ctx: Ctx) -> str | None:
+    """The name of another cluster of this cache whose real node runs (its kubelet is alive)."""
+    for state_file in sorted(ctx.dir.parent.glob("*/state.json")):
+        if state_file.parent.name == ctx.name:
+            continue
+        try:
+            other = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if pid_alive((other.get("real_node") or {}).get("kubelet_pid")):
+            return state_file.parent.name
+    return None
+
+
 def start_real_node(ctx: Ctx, state: dict[str, Any]) -> None:
     missing = preflight()
     if missing:
         raise HarnessError("real node", "the host lacks " + "; ".join(missing))
+    other = real_node_elsewhere(ctx)
+    if other is not None:  # the bridge, the node's name and ports, the iptables chains are the machine's
+        raise HarnessError(
+            "real node",
+            f"cluster {other} runs this machine's real node; one machine runs one: "
+            f"`devcluster.py down --name {other}` first",
+        )
     t0 = time.monotonic()
     bins = ensure_real_node_built()
     p = node_paths(ctx)
