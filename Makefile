@@ -101,12 +101,12 @@ cluster-down: venv ## stop the local control plane
 # The demo's own modules live in tools/rljob_demo (not part of the installed package).
 DEMO := PYTHONPATH=tools $(PY) -m rljob_demo
 
-demo: ## the whole product on this machine: control plane, operator, a GRPO job on CPU learning to Succeeded
+demo: ## the whole product on this machine, in real pods (root): images, control plane, operator, a CPU GRPO job learning to Succeeded
 	@$(PYTHON) tools/rljob_demo/prereqs.py
 	@$(MAKE) -s --no-print-directory venv
 	@$(DEMO) up $(DEMO_ARGS)
 
-demo-down: venv ## remove what make demo started: its job, the operator, the control plane (DEMO_ARGS=--purge: its runs too)
+demo-down: venv ## remove what make demo started: its job and volumes, the operator, the control plane (DEMO_ARGS=--purge: its runs too)
 	@$(DEMO) down $(DEMO_ARGS)
 
 demo-env: venv ## export lines for a shell: eval "$$(make -s demo-env)" then kubectl get rljobs -A

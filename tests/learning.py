@@ -1,4 +1,4 @@
-"""The learning criterion shared by the learning proof (the `make demo` e2e test, tests/e2e/test_demo.py)
+"""The learning criterion shared by the learning proof (`make demo` in real pods, tests/realpods/test_job_in_real_pods.py)
 and benchmarks/learning_runs.py: did the mean reward of a run clearly rise?
 
 Criterion: the mean training reward of the last LAST steps (the second half of the demo's 10)

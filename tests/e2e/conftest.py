@@ -33,11 +33,6 @@ DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
 UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The `make demo` test first, on a machine nothing else has loaded yet (the order is stable)."""
-    items.sort(key=lambda item: item.path.name != "test_demo.py")
-
-
 @dataclass(frozen=True)
 class Cluster:
     """A running dev cluster: a real API server, kwok nodes, KubeRay and a local Ray head."""
@@ -109,24 +104,9 @@ def _status(name: str) -> tuple[bool, dict[str, Any]]:
     return proc.returncode == 0 and bool(info.get("ok")), info
 
 
-def _stop_the_demo_operator(name: str) -> None:
-    """`make demo` leaves its operator running on the cluster; two operators reconciling the same
-    jobs would make the operator tests meaningless, so the tests stop it (the next `make demo`
-    starts it again) and say so."""
-    from rljob_demo import operator_proc
-
-    cache = Path(os.environ.get("RLJOB_CACHE", Path.home() / ".cache" / "rljob"))
-    state_file = cache / "demo" / name / "operator.json"
-    info = operator_proc.running(state_file)
-    if info is not None:
-        operator_proc.stop(state_file)
-        sys.stderr.write(f"\n[e2e] stopped the `make demo` operator (pid {info.pid}) on cluster {name}\n")
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
-    _stop_the_demo_operator(name)
     ok, info = _status(name)
     started = False
     if not ok:

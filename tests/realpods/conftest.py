@@ -1,8 +1,10 @@
 """Fixtures of the real-pod tier: the built images, and a dev cluster with a real node.
 
-The cluster (`devcluster.py up --real-node`, name rljob-real) is its own, beside the e2e suite's:
-it runs the kwok GPU pools for scheduling and one real node (kubelet, containerd, kube-proxy,
-CoreDNS) where CPU pods really run. Started once per session and stopped at its end unless
+The cluster (`devcluster.py up --real-node`) is `make demo`'s, rljob-demo: a machine runs one real
+node, and the tier runs `make demo` itself. Beside the e2e suite's, it runs the kwok GPU pools for
+scheduling and one real node (kubelet, containerd, kube-proxy, CoreDNS, kube-router) where CPU pods
+really run. A demo's cluster left running is reused, without its job and operator release (they
+would collide with the tests'); started once per session and stopped at its end unless
 RLJOB_KEEP_CLUSTER=1. If it cannot start, every test that needs it fails with the harness's message.
 """
 
@@ -26,7 +28,7 @@ from real_pods import RELEASE
 REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
 IMAGEBUILD = REPO / "tools" / "imagebuild" / "imagebuild.py"
-NAME = os.environ.get("RLJOB_REAL_CLUSTER", "rljob-real")
+NAME = os.environ.get("RLJOB_REAL_CLUSTER", "rljob-demo")  # rljob_demo.cli.DEFAULT_CLUSTER
 UP_TIMEOUT_S = float(os.environ.get("RLJOB_CLUSTER_UP_TIMEOUT", "3600"))
 
 
@@ -74,6 +76,14 @@ def real_cluster(image_archives: dict[str, Path]) -> Iterator[Cluster]:
         pytest.fail(
             f"devcluster up --real-node exited {up.returncode}:\n{up.stderr}\n{up.stdout}", pytrace=False
         )
+    # A `make demo` left running: its job and operator release go (its cluster stays).
+    demo_down = subprocess.run(
+        [sys.executable, "-m", "rljob_demo", "down", "--keep-cluster", f"--cluster={NAME}"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "tools")},
+    )  # fmt: skip
+    if demo_down.returncode != 0:
+        pytest.fail(f"make demo-down failed:\n{demo_down.stdout}{demo_down.stderr}", pytrace=False)
     # Most pods of these tests run the operator image; the runtime's is loaded by runtime_image.
     load_into_node(image_archives["operator"], timeout=900)
     status = run(sys.executable, str(DEVCLUSTER), "status", "--json", f"--name={NAME}", timeout=120)

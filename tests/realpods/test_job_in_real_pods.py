@@ -1,31 +1,37 @@
-"""The CPU demo's GRPO job, run to the end in real pods: KubeRay creates the Ray head and worker pods
-from the runtime-cpu image on the real node, in a namespace that enforces `restricted`, and
-submits the runtime through the head's Service (HTTPMode, the default submission mode). The model
-and the data come from a PersistentVolume on the node, the checkpoints go to another; the runtime
-writes the job's progress from inside the head pod with its own ServiceAccount; its NetworkPolicy,
-enforced by kube-router on the node, keeps other pods away from the head. On the way its head
-pod is deleted and then its driver killed; the job must reach Succeeded, having lost at most the
-steps since its last checkpoint, with its reward rising (tests/learning.py's criterion). One job
-carries every check: each start of it costs minutes on two cores."""
+"""`make demo` exactly as a user runs it, on the real-pod tier's cluster (the demo's own, with a real
+node): it builds or reuses the images, installs the operator with its Helm chart and runs the CPU GRPO
+job in real pods. KubeRay creates the Ray head and worker pods from the runtime-cpu image on the real
+node, in a namespace that enforces `restricted`, and submits the runtime through the head's Service
+(HTTPMode, the default submission mode). The model and the data come from a PersistentVolume on the
+node, the checkpoints go to another; the runtime writes the job's progress from inside the head pod
+with its own ServiceAccount; its NetworkPolicy, enforced by kube-router on the node, keeps other pods
+away from the head.
+
+On the way its head pod is deleted, then its driver killed, then the node's kubelet stopped; a second
+`make demo` attaches to the running job instead of applying it again. The job must reach Succeeded,
+having lost at most the steps since its last checkpoint, with its reward rising (tests/learning.py's
+criterion): this is CI's learning proof, the only test that trains the demo config. At the end
+`make demo-down` removes the job, its volumes and the operator. One job carries every check: each
+start of it costs minutes on two cores."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
-import shutil
+import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e.conftest import Cluster
 from learning import learned
 from real_pods import pod, wait_for, wait_phase
@@ -34,133 +40,64 @@ pytestmark = pytest.mark.realpods
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "real-0"
-OWNER = 65532  # the runtime image's user: the checkpoint volume must be writable by it
+NAMESPACE, JOB = "rljob-demo", "grpo-cpu-demo"  # the demo's (tools/rljob_demo)
 STEPS = 10  # the demo's: learning's criterion compares the first 2 steps with the last 5
 # Starting (image on the node, Ray up) about 1 min, each step 40-80 s on two shared cores, and a
 # new start after each fault.
 TIMEOUT_S = 1800
 
 
-@dataclass(frozen=True)
-class JobVolumes:
-    data_claim: str
-    checkpoint_claim: str
-    checkpoint_dir: Path  # the checkpoint volume's directory on the node
+class Demo:
+    """`make demo` (or another demo target) on the tier's cluster, its output collected line by line."""
 
-
-def local_volume(name: str, path: Path, claim_ns: str, size: str) -> dict[str, Any]:
-    """A `local` PersistentVolume on the real node, bound in advance to the claim of the same name."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": size},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": claim_ns, "name": name},
-            "local": {"path": str(path)},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
-
-
-def claim(name: str, ns: str, size: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": name,
-            "resources": {"requests": {"storage": size}},
-        },
-    }
-
-
-def fill_data_volume(root: Path) -> None:
-    """The model (the packaged SmolLM2, converted on this machine) and the demo's data files."""
-    from rljob_runtime.models.smollm2 import smollm2_dir
-
-    shutil.copytree(smollm2_dir(), root / "smollm2")
-    for name in ("add-1digit.jsonl", "add-1digit-eval.jsonl"):
-        shutil.copy2(REPO / "examples" / "data" / name, root / name)
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
-@pytest.fixture
-def job_volumes(real_cluster: Cluster, job_namespace: str, node_volumes_dir: Path) -> Iterator[JobVolumes]:
-    ns = job_namespace
-    data_dir = node_volumes_dir / f"{ns}-data"
-    ckpt_dir = node_volumes_dir / f"{ns}-checkpoints"
-    data_dir.mkdir(parents=True)
-    ckpt_dir.mkdir(parents=True)
-    fill_data_volume(data_dir)
-    os.chown(ckpt_dir, OWNER, OWNER)
-    data_name, ckpt_name = f"{ns}-data", f"{ns}-checkpoints"
-    real_cluster.apply(
-        local_volume(data_name, data_dir, ns, "1Gi"),
-        local_volume(ckpt_name, ckpt_dir, ns, "10Gi"),
-        claim(data_name, ns, "1Gi"),
-        claim(ckpt_name, ns, "10Gi"),
-    )
-    try:
-        yield JobVolumes(data_name, ckpt_name, ckpt_dir)
-    finally:
-        real_cluster.kubectl(
-            "delete", "rljobs", "--all", "-n", ns, "--wait=true", "--timeout=120s", check=False
+    def __init__(self, cluster: Cluster, target: str, *extra: str) -> None:
+        env = {**os.environ, "RLJOB_CLUSTER": cluster.name}
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            ["make", "--no-print-directory", target, *extra],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-        real_cluster.kubectl("delete", "pvc", data_name, ckpt_name, "-n", ns, "--wait=false", check=False)
-        real_cluster.kubectl("delete", "pv", data_name, ckpt_name, "--wait=false", check=False)
-        shutil.rmtree(data_dir, ignore_errors=True)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"{self.proc.args} did not finish in {timeout:.0f} s:\n{self.output}", pytrace=False)
+        self.reader.join(timeout=10)
+        return rc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def running(self) -> bool:
+        """True while it runs; fails the test with its output when it ended early."""
+        if self.proc.poll() is None:
+            return True
+        self.reader.join(timeout=10)
+        pytest.fail(f"{self.proc.args} ended early ({self.proc.returncode}):\n{self.output}", pytrace=False)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
 
 
-def demo_job(ns: str, name: str, image: str, volumes: JobVolumes) -> dict[str, Any]:
-    """The CPU demo's job, reading its model and data from the data volume and checkpointing to the
-    checkpoint volume. Its memory as the example has it. The worker has no CPU amount (no limit: the
-    node has two cores in all, and a limit would throttle the training below them); the head, which
-    runs the driver, half a core."""
-    job = yaml.safe_load((REPO / "examples" / "manifests" / "grpo-cpu-demo.yaml").read_text())
-    job["metadata"] = {"name": name, "namespace": ns}
-    spec = job["spec"]
-    spec["model"]["path"] = "/data/smollm2"
-    spec["data"]["path"] = "/data/add-1digit.jsonl"
-    spec["data"].pop("eval", None)  # the criterion reads the training reward
-    spec["training"]["numRollout"] = STEPS
-    spec["checkpoint"] = {
-        "path": "/checkpoints/grpo",
-        "volume": {"claimName": volumes.checkpoint_claim},
-        "saveInterval": STEPS,
-        "maxToKeep": 1,
-    }
-    res = spec["resources"]
-    res["image"] = image
-    res["head"] = {**res["head"], "cpu": "500m"}
-    res["trainer"] = {"nodes": 1, "gpusPerNode": 1, "memory": "12Gi"}
-    res["volumes"] = [
-        {
-            "name": "data",
-            "mountPath": "/data",
-            "readOnly": True,
-            "persistentVolumeClaim": {"claimName": volumes.data_claim},
-        }
-    ]
-    spec["ttlSecondsAfterFinished"] = 30
-    return job
+def step_column(output: str) -> list[int]:
+    """The STEP values of the live view's rows (`1:05   grpo-cpu-demo   Running   Running   3/10   0.41 ...`):
+    PHASE, then REASON (empty while the job has no Ready condition), then STEP."""
+    return [int(m.group(1)) for m in re.finditer(rf"{JOB}(?:\s+[A-Za-z]\w*){{1,2}}\s+(\d+)/10\b", output)]
 
 
 def say(line: str) -> None:
@@ -385,111 +322,136 @@ def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) ->
     say(f"kubelet back; the job Ready again {time.monotonic() - t0:.0f} s after the stop")
 
 
-def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
-    real_cluster: Cluster,
-    runtime_image: str,
-    job_namespace: str,
-    job_volumes: JobVolumes,
-    operator_release: str,
+def of_this_job(event: dict[str, Any], job: dict[str, Any]) -> bool:
+    """An event about this job, not an earlier one of its name (some events of the namespace, about
+    other objects, carry no uid)."""
+    about = event["involvedObject"]
+    return about.get("kind") == "RLTrainingJob" and about.get("uid") == job["metadata"]["uid"]
+
+
+@pytest.fixture
+def demo_removed_after(real_cluster: Cluster) -> Iterator[None]:
+    """`make demo-down` after the test, also a failed one: the demo's operator release would collide
+    with the next modules' (the same chart, cluster-scoped objects)."""
+    yield
+    Demo(real_cluster, "demo-down", "DEMO_ARGS=--keep-cluster").wait(600)
+
+
+def test_make_demo_runs_in_real_pods_through_three_faults_learns_and_demo_down_removes_it(
+    real_cluster: Cluster, runtime_image: str, demo_removed_after: None
 ) -> None:
-    """The CPU demo's job in real pods, with three faults on the way:
+    """`make demo` with three faults on the way:
     - its head pod deleted after a step: the pod's preStop hook has the runtime finish the step in
       flight and save it, and the job goes on from that step on a new head;
-    - then its driver SIGKILLed: the job is restarted (backoffLimit) and resumes from its last
-      periodic checkpoint;
+    - then its driver SIGKILLed: the job is restarted (the example's backoffLimit) and resumes from
+      its last checkpoint;
     - then the node's kubelet stopped: the node goes NotReady and the job says so, then recovers.
     It reaches Succeeded with every step trained once before the drain and its reward rising."""
-    ns, name = job_namespace, "grpo-real"
+    from rljob_demo import cli, curve, runs
+
+    ns, name = NAMESPACE, JOB
+    runs_dir = cli.CACHE / "demo" / real_cluster.name / "runs"
+    before = set(runs.list_runs(runs_dir))
 
     def story() -> str:
-        return job_story(real_cluster, name, ns, operator_release)
+        return f"make demo printed:\n{first.output}\n" + job_story(real_cluster, name, ns, "rljob-system")
 
-    job = demo_job(ns, name, runtime_image, job_volumes)
-    job["spec"]["checkpoint"]["saveInterval"] = 2
-    job["spec"]["faultTolerance"] = {"backoffLimit": 2, "terminationGracePeriodSeconds": 240}
     t0 = time.monotonic()
-    real_cluster.apply(job)
-    pods = wait_for(
-        "the job's Ray head and worker pods Running on the real node",
-        lambda: (
-            (ps := real_cluster.list("pods", ns, "ray.io/cluster"))
-            and len(ps) >= 2
-            and all(p["status"].get("phase") == "Running" for p in ps)
-            and ps
-        ),
-        300,
-        story,
-    )
-    assert {p["spec"]["nodeName"] for p in pods} == {NODE}, [
-        (p["metadata"]["name"], p["spec"].get("nodeName")) for p in pods
-    ]
-    say(f"pods Running {time.monotonic() - t0:.0f} s after apply")
-    check_ray_token_auth(real_cluster, ns, pods)
-    check_network_policy(real_cluster, ns, pods)
+    first = Demo(real_cluster, "demo", "DEMO_ARGS=--poll 1")
+    second: Demo | None = None
+    try:
+        pods = wait_for(
+            "the job's Ray head and worker pods Running on the real node",
+            lambda: (
+                first.running()
+                and (ps := real_cluster.list("pods", ns, "ray.io/cluster"))
+                and len(ps) >= 2
+                and all(p["status"].get("phase") == "Running" for p in ps)
+                and ps
+            ),
+            900,
+            story,
+        )
+        assert {p["spec"]["nodeName"] for p in pods} == {NODE}, [
+            (p["metadata"]["name"], p["spec"].get("nodeName")) for p in pods
+        ]
+        say(f"pods Running {time.monotonic() - t0:.0f} s after make demo started")
+        check_ray_token_auth(real_cluster, ns, pods)
+        check_network_policy(real_cluster, ns, pods)
 
-    # Fault 1: the head pod deleted after a step; the step in flight is saved (preStop).
-    wait_for(
-        "a first step reported from the head pod",
-        lambda: progress_step(real_cluster, name, ns) >= 1,
-        900,
-        story,
-    )
-    first_head = head_pod(real_cluster, ns)
-    assert first_head is not None
-    deleted_after = progress_step(real_cluster, name, ns)
-    real_cluster.kubectl("delete", "pod", first_head["metadata"]["name"], "-n", ns, "--wait=false")
-    say(f"head pod deleted after step {deleted_after}, {time.monotonic() - t0:.0f} s after apply")
+        # Fault 1: the head pod deleted after a step; the step in flight is saved (preStop).
+        wait_for(
+            "a first step reported from the head pod",
+            lambda: first.running() and progress_step(real_cluster, name, ns) >= 1,
+            900,
+            story,
+        )
+        # A second `make demo` while the job trains: it attaches to it instead of applying again.
+        second = Demo(real_cluster, "demo", "DEMO_ARGS=--poll 5")
+        first_head = head_pod(real_cluster, ns)
+        assert first_head is not None
+        deleted_after = progress_step(real_cluster, name, ns)
+        real_cluster.kubectl("delete", "pod", first_head["metadata"]["name"], "-n", ns, "--wait=false")
+        say(
+            f"head pod deleted after step {deleted_after}, {time.monotonic() - t0:.0f} s after make demo started"
+        )
 
-    def training_on_a_new_head() -> dict[str, Any] | None:
-        head = head_pod(real_cluster, ns)
-        new = head is not None and head["metadata"]["uid"] != first_head["metadata"]["uid"]
-        return head if new and progress_step(real_cluster, name, ns) > deleted_after + 1 else None
+        def training_on_a_new_head() -> dict[str, Any] | None:
+            head = head_pod(real_cluster, ns)
+            new = head is not None and head["metadata"]["uid"] != first_head["metadata"]["uid"]
+            return head if new and progress_step(real_cluster, name, ns) > deleted_after + 1 else None
 
-    head = wait_for("the job training again on a new head pod", training_on_a_new_head, 1200, story)
-    status = real_cluster.get("rljob", name, ns)["status"]
-    say(
-        f"step {progress_step(real_cluster, name, ns)} on a new head: {json.dumps(status.get('restartHistory'))}"
-    )
-    # The drained runtime exits EXIT_PREEMPTED before its head container goes. Either KubeRay saw the
-    # head go first and submitted the Ray job again to the new head (the operator sees nothing), or
-    # it read the Ray job's exit first and failed the RayJob, and the operator restarted the job for
-    # a preemption (not counted against backoffLimit). Which one comes first is a race.
-    drain_restarts = status.get("preemptions") or 0
-    assert status.get("restarts", 0) == drain_restarts <= 1, status
-
-    # Fault 2: the driver SIGKILLed.
-    container = head["spec"]["containers"][0]["name"]
-    killed = real_cluster.kubectl(
-        "exec", head["metadata"]["name"], "-n", ns, "-c", container, "--", "python3", "-c", KILL_DRIVER
-    ).stdout.split()
-    assert killed, "no rljob-runtime train process in the new head pod"
-    say(f"driver {killed} killed after step {progress_step(real_cluster, name, ns)}")
-
-    # Fault 3: the node's kubelet stopped (SIGSTOP) as soon as the restarted job runs again, so its
-    # remaining steps (minutes) outlast the node controller's grace period: the node goes NotReady,
-    # and the job says which pod and node; with the kubelet back, Running again.
-    def restarted_and_running() -> bool:
+        head = wait_for("the job training again on a new head pod", training_on_a_new_head, 1200, story)
         status = job_status(real_cluster, name, ns)
-        return status.get("restarts") == drain_restarts + 1 and status.get("phase") == "Running"
+        say(
+            f"step {progress_step(real_cluster, name, ns)} on a new head: {json.dumps(status.get('restartHistory'))}"
+        )
+        # The drained runtime exits EXIT_PREEMPTED before its head container goes. Either KubeRay saw
+        # the head go first and submitted the Ray job again to the new head (the operator sees
+        # nothing), or it read the Ray job's exit first and failed the RayJob, and the operator
+        # restarted the job for a preemption (not counted against backoffLimit). Which comes first
+        # is a race.
+        drain_restarts = status.get("preemptions") or 0
+        assert status.get("restarts", 0) == drain_restarts <= 1, status
 
-    wait_for("the restarted job Running", restarted_and_running, 900, story)
-    stop_kubelet_until_the_job_shows_it(real_cluster, name, ns)
+        # Fault 2: the driver SIGKILLed.
+        container = head["spec"]["containers"][0]["name"]
+        killed = real_cluster.kubectl(
+            "exec", head["metadata"]["name"], "-n", ns, "-c", container, "--", "python3", "-c", KILL_DRIVER
+        ).stdout.split()
+        assert killed, "no rljob-runtime train process in the new head pod"
+        say(f"driver {killed} killed after step {progress_step(real_cluster, name, ns)}")
 
-    final = wait_for(
-        "the job Succeeded or Failed",
-        lambda: (
-            phase(real_cluster, name, ns) in ("Succeeded", "Failed") and real_cluster.get("rljob", name, ns)
-        ),
-        TIMEOUT_S,
-        story,
-    )
+        # Fault 3: the node's kubelet stopped (SIGSTOP) as soon as the restarted job runs again, so its
+        # remaining steps (minutes) outlast the node controller's grace period: the node goes NotReady,
+        # and the job says which pod and node; with the kubelet back, Running again.
+        def restarted_and_running() -> bool:
+            status = job_status(real_cluster, name, ns)
+            return status.get("restarts") == drain_restarts + 1 and status.get("phase") == "Running"
+
+        wait_for("the restarted job Running", restarted_and_running, 900, story)
+        stop_kubelet_until_the_job_shows_it(real_cluster, name, ns)
+
+        rc = first.wait(TIMEOUT_S)
+        assert rc == 0, story()
+        assert second.wait(300) == 0, second.output
+    finally:
+        for demo in (first, second):
+            if demo is not None:
+                demo.stop()
+    out = first.output
+    say(f"make demo ended {time.monotonic() - t0:.0f} s after it started; its last lines:")
+    for line in first.lines[-8:]:
+        say(f"  {line}")
+    assert "✓ Succeeded in" in out, out
+    assert "already running" in second.output and "✓ Succeeded" in second.output, second.output
+    steps = step_column(out)  # progress advanced in the live view
+    assert len(set(steps)) >= 3 and steps == sorted(steps), steps
+
+    final = real_cluster.get("rljob", name, ns)
+    assert final is not None
     status = final["status"]
-    say(
-        f"{status['phase']} {time.monotonic() - t0:.0f} s after apply: {json.dumps(status.get('restartHistory'))}"
-    )
-    tb = job_volumes.checkpoint_dir / "tensorboard"  # the checkpoint volume is mounted at checkpoint.path
-    if tb.is_dir():
-        print_step_times(tb)
+    say(f"{status['phase']}: {json.dumps(status.get('restartHistory'))}")
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
     assert status["progress"]["stepText"] == f"{STEPS}/{STEPS}", status
     # The head pod's loss: a resubmission by KubeRay or a preemption restart (above); the runtime
@@ -499,7 +461,7 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     reasons = [e["reason"] for e in status["restartHistory"]]
     assert reasons == ["Preempted"] * drain_restarts + ["DriverKilled"], status["restartHistory"]
     events = sorted(
-        (e for e in real_cluster.list("events", ns) if e["involvedObject"]["name"] == name),
+        (e for e in real_cluster.list("events", ns) if of_this_job(e, final)),
         key=lambda e: int(e["metadata"]["resourceVersion"]),
     )
     resumed = [e["message"] for e in events if e["reason"] == "Resumed"]
@@ -509,6 +471,9 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     # before, had none been in flight), so nothing reported before the deletion is lost.
     drained_at = int(resumed[0].split()[3])
     assert drained_at >= deleted_after, (deleted_after, resumed)
+    transitions = [e["message"].split(":")[0] for e in events if " -> " in e["message"]]
+    assert transitions[:3] == ["New -> Pending", "Pending -> Starting", "Starting -> Running"], transitions
+    assert transitions[-1].endswith("-> Succeeded"), transitions
 
     # The progress was written by the runtime itself (its field manager on the status subresource),
     # from the head pod: this cluster's KubeRay reaches only real heads, so no driver ran elsewhere.
@@ -520,17 +485,42 @@ def test_the_demo_job_in_real_pods_goes_through_three_faults_and_learns(
     assert rayjob.get("spec", {}).get("submissionMode", "HTTPMode") == "HTTPMode", rayjob.get("spec")
     assert rayjob.get("status", {}).get("jobStatus") == "SUCCEEDED", rayjob.get("status")
 
-    # The last checkpoint is on the node's volume; every step was trained, the steps up to the drain
-    # once (the drain saved the step in flight), and the reward rose.
-    ckpt = job_volumes.checkpoint_dir
+    # The run's directory on this machine (the runs volume): the last checkpoint, the TensorBoard
+    # logs, the reward curve. Every step was trained, the steps up to the drain once (the drain saved
+    # the step in flight); the reward rose; the baseline evaluation and two more.
+    (run_dir,) = set(runs.list_runs(runs_dir)) - before
+    assert run_dir.name in out and "reward.png" in out and "tensorboard --logdir" in out, out
+    ckpt = run_dir / "checkpoints"
     assert (ckpt / f"iter_{STEPS:07d}" / "complete").exists(), sorted(p.name for p in ckpt.iterdir())
+    assert (ckpt / f"iter_{STEPS:07d}" / "model" / "config.json").exists()
+    assert str(ckpt / f"iter_{STEPS:07d}") in out.replace("~", str(Path.home())), out
+    tb = ckpt / "tensorboard"
+    print_step_times(tb)
     writes = reward_writes_per_step(tb)
     say(f"reward writes per step: {writes}")
     assert sorted(writes) == list(range(1, STEPS + 1)), writes
     assert all(writes[step] == 1 for step in range(1, drained_at + 1)), (drained_at, writes)
-    from rljob_demo import curve
-
-    rewards = [v for _, v in curve.read_scalars(tb)["reward/mean"]]
+    scalars = curve.read_scalars(tb)
+    rewards = [v for _, v in scalars["reward/mean"]]
     ok, why = learned(rewards)
     say(why)
     assert ok, why
+    assert (run_dir / "reward.png").read_bytes()[:4] == b"\x89PNG"
+    evals = sorted({step for step, _ in scalars["eval/add-1digit/reward"]})
+    assert evals[0] == 0 and evals[-1] == STEPS, evals
+    assert "eval add-1digit" in out and "(before training) ->" in out, out
+
+    # make demo-down: the job, its volumes and the operator go; the run's files stay (no --purge).
+    down = Demo(real_cluster, "demo-down", "DEMO_ARGS=--keep-cluster")
+    assert down.wait(600) == 0, down.output
+    assert (
+        real_cluster.get("namespace", ns) is None
+        or real_cluster.get("namespace", ns)["status"]["phase"] == "Terminating"
+    )
+    assert not real_cluster.kubectl(
+        "get", "pv", "-l", "app.kubernetes.io/part-of=rljob-demo", "-o", "name"
+    ).stdout.strip()
+    assert not real_cluster.kubectl(
+        "get", "deploy", "-A", "-l", "app.kubernetes.io/instance=rljob", "-o", "name"
+    ).stdout.strip()
+    assert "uninstalled" in down.output and run_dir.is_dir(), down.output

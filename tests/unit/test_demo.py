@@ -1,4 +1,4 @@
-"""`make demo`'s pure parts: the adapted manifest, the live view, the reward curve, prerequisites."""
+"""`make demo`'s pure parts: the job and volumes in real pods, the live view, the reward curve, prerequisites."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob_demo import curve, manifest, operator_proc, prereqs, runs
+from rljob_demo import curve, inpods, manifest, prereqs, runs
 from rljob_demo.watch import Snapshot, View, clock
 
+from rljob_api.images import VERSION
 from rljob_api.resource import parse_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,30 +20,73 @@ def example() -> dict[str, Any]:
     return yaml.safe_load((REPO / manifest.EXAMPLE).read_text())
 
 
-def test_demo_job_is_the_example_with_local_paths(tmp_path: Path) -> None:
-    job = manifest.demo_job(example(), repo=REPO, run_dir=tmp_path / "run1", ttl_seconds=5)
+def test_the_job_in_pods_reads_the_data_volume_and_checkpoints_to_its_run() -> None:
+    job = inpods.job_in_pods(example(), namespace="rljob-demo", run="20261206-120000", ttl_seconds=5)
     spec = job["spec"]
     assert job["metadata"] == {"name": "grpo-cpu-demo", "namespace": "rljob-demo"}
-    assert spec["data"]["path"] == str(REPO / "examples/data/add-1digit.jsonl")
-    assert Path(spec["data"]["path"]).is_file()
-    for dataset in spec["data"]["eval"]["datasets"]:
-        assert Path(dataset["path"]).is_absolute() and Path(dataset["path"]).is_file()
-    assert spec["checkpoint"]["path"] == str(tmp_path / "run1" / "checkpoints")
-    assert manifest.tensorboard_dir(tmp_path / "run1") == tmp_path / "run1/checkpoints/tensorboard"
+    assert spec["model"]["path"] == "/data/model"
+    assert spec["data"]["path"] == "/data/add-1digit.jsonl"
+    assert [d["path"] for d in spec["data"]["eval"]["datasets"]] == ["/data/add-1digit-eval.jsonl"]
+    assert spec["checkpoint"]["path"] == "/checkpoints"
+    assert spec["checkpoint"]["volume"] == {
+        "claimName": "rljob-demo-runs",
+        "subPath": "20261206-120000/checkpoints",
+    }
+    assert spec["checkpoint"]["maxToKeep"] == example()["spec"]["checkpoint"]["maxToKeep"]
+    res = spec["resources"]
+    assert res["image"] == f"docker.io/rljob/runtime-cpu:{VERSION}"
+    assert res["volumes"] == [
+        {
+            "name": "data",
+            "mountPath": "/data",
+            "readOnly": True,
+            "persistentVolumeClaim": {"claimName": "rljob-demo-data"},
+        }
+    ]
+    # Fits a node of two cores: the head half a core, the trainer no CPU amount (no limit).
+    assert res["head"]["cpu"] == "500m" and "cpu" not in res["trainer"]
+    assert res["trainer"]["memory"] == example()["spec"]["resources"]["trainer"]["memory"]
     assert spec["ttlSecondsAfterFinished"] == 5
     parse_document(job)  # still a valid RLTrainingJob
-    # everything else is the example, unchanged; the example itself is not modified
-    original = example()
+    original = example()  # everything else is the example's, and the example is not modified
     assert spec["rollout"] == original["spec"]["rollout"] and spec["training"] == original["spec"]["training"]
     assert original["spec"]["data"]["path"] == "examples/data/add-1digit.jsonl"
+    without_ttl = inpods.job_in_pods(example(), namespace="x", run="r", ttl_seconds=None)
+    assert without_ttl["spec"]["ttlSecondsAfterFinished"] == original["spec"]["ttlSecondsAfterFinished"]
 
 
-def test_demo_job_keeps_absolute_paths_and_the_example_ttl(tmp_path: Path) -> None:
-    ex = example()
-    ex["spec"]["data"]["path"] = "/data/x.jsonl"
-    job = manifest.demo_job(ex, repo=REPO, run_dir=tmp_path)
-    assert job["spec"]["data"]["path"] == "/data/x.jsonl"
-    assert job["spec"]["ttlSecondsAfterFinished"] == ex["spec"]["ttlSecondsAfterFinished"]
+def test_every_data_file_of_the_example_goes_onto_the_data_volume() -> None:
+    files = inpods.data_files(example())
+    assert files == ["examples/data/add-1digit.jsonl", "examples/data/add-1digit-eval.jsonl"]
+    assert all((REPO / f).is_file() for f in files)
+
+
+def test_the_volumes_are_local_to_the_real_node_and_bound_to_their_claims(tmp_path: Path) -> None:
+    objs = inpods.volumes("ns1", tmp_path / "data", tmp_path / "runs")
+    pvs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PersistentVolume"}
+    pvcs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PersistentVolumeClaim"}
+    assert set(pvs) == set(pvcs) == {"ns1-data", "ns1-runs"}
+    assert pvs["ns1-data"]["spec"]["local"]["path"] == str(tmp_path / "data")
+    assert pvs["ns1-runs"]["spec"]["local"]["path"] == str(tmp_path / "runs")
+    for name, pv in pvs.items():
+        assert pv["spec"]["claimRef"] == {"namespace": "ns1", "name": name}
+        assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # never wipes this machine's files
+        (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+        assert term["matchExpressions"][0]["values"] == [inpods.NODE]
+        assert pvcs[name]["spec"]["volumeName"] == name and pvcs[name]["metadata"]["namespace"] == "ns1"
+
+
+def test_checkpoint_paths_in_the_pods_are_shown_as_this_machine_sees_them(tmp_path: Path) -> None:
+    from rljob_demo import cli
+
+    run = tmp_path / "runs" / "r1"
+    assert cli.on_this_machine("/checkpoints/iter_0000010", run) == run / "checkpoints" / "iter_0000010"
+    assert cli.on_this_machine(None, run) == run / "checkpoints"
+    assert cli.on_this_machine("/elsewhere/iter_1", run) == Path("/elsewhere/iter_1")
+    assert manifest.tensorboard_dir(run) == run / "checkpoints" / "tensorboard"
+    settings = cli.Settings("c1", "rljob-demo", None, 1, 1)
+    job = inpods.job_in_pods(example(), namespace="rljob-demo", run="r1", ttl_seconds=None)
+    assert cli.run_dir_of(settings, job) == settings.state_dir / "runs" / "r1"
 
 
 def snap(
@@ -169,9 +213,15 @@ def test_go_requirement_is_read_from_the_wrapper_module() -> None:
 
 def test_disk_and_memory() -> None:
     assert prereqs.check_disk(50, fresh=True) == []
-    assert "needs 12 GB" in prereqs.check_disk(5, fresh=True)[0]
+    assert "needs 25 GB" in prereqs.check_disk(5, fresh=True)[0]
     assert prereqs.check_disk(5, fresh=False) == []
     assert prereqs.check_memory(None) == [] and prereqs.check_memory(4)[0].startswith("4.0 GB of memory")
+
+
+def test_the_real_node_needs_root() -> None:
+    assert prereqs.check_root(0) == []
+    [missing] = prereqs.check_root(1000)
+    assert missing.startswith("root:") and "real pods" in missing
 
 
 # ---- run directories and the disk -----------------------------------------------------------------
@@ -236,23 +286,3 @@ def test_the_local_object_store_holds_the_demo_weights(monkeypatch: pytest.Monke
     fp32_bytes = 4 * n_params
     assert 1.5 * fp32_bytes <= ray_local.OBJECT_STORE_BYTES
     assert 0.95 < float(ray_local.LOCAL_FS_CAPACITY_THRESHOLD) < 1
-
-
-def test_an_operator_is_reused_only_for_the_control_plane_it_was_started_for(tmp_path: Path) -> None:
-    """A control plane started again under the same name and port has a new CA: the demo's running
-    operator (which holds the old one and fails every request) must not be taken for its own."""
-    ca = tmp_path / "pki" / "ca.crt"
-    ca.parent.mkdir()
-    ca.write_text("first CA")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"clusters:\n- name: c\n  cluster:\n    certificate-authority: {ca}\n    server: https://127.0.0.1:32764\n"
-    )
-    first = operator_proc.cluster_fingerprint(kubeconfig)
-    assert operator_proc.cluster_fingerprint(kubeconfig) == first
-    ca.write_text("second CA")  # `devcluster down` then `up`: same kubeconfig text, new certificates
-    assert operator_proc.cluster_fingerprint(kubeconfig) != first
-    state = tmp_path / "operator.json"
-    state.write_text('{"pid": 1, "health_port": 2, "metrics_port": 3, "log": "l"}')  # an older state file
-    info = operator_proc.load(state)
-    assert info is not None and info.cluster == ""

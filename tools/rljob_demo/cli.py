@@ -1,5 +1,9 @@
 """`make demo` / `make demo-down`: set up what is missing, apply the CPU GRPO demo job, watch it.
 
+The job runs in real pods: the images are built here (tools/imagebuild), the local control plane has
+a real node (a kubelet and containerd of this machine), the operator is installed by its Helm chart,
+and KubeRay starts the job's Ray head and worker pods from the runtime-cpu image.
+
 Idempotent: a second `make demo` reuses the running control plane and operator, and attaches to a
 demo job that is still running instead of applying it again (a finished one is replaced by a new
 run). Setup steps are serialised by a file lock, so two concurrent runs cannot both apply.
@@ -23,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from . import curve, manifest, operator_proc, prereqs, runs
+from . import curve, inpods, manifest, nodesetup, prereqs, runs
 from .kube import Kubectl, KubectlError
 from .watch import TERMINAL, Snapshot, View, clock
 
@@ -31,6 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "tools" / "devcluster" / "devcluster.py"
 CACHE = Path(os.environ.get("RLJOB_CACHE", Path.home() / ".cache" / "rljob"))
 JOB_NAME = "grpo-cpu-demo"
+# Not the tests' rljob-dev: that one has no real node (its CPU pods are kwok stand-ins).
+DEFAULT_CLUSTER = "rljob-demo"
 
 
 class DemoError(RuntimeError):
@@ -101,7 +107,8 @@ def devcluster(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 def cluster_up(settings: Settings) -> Kubectl:
     status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
-    if status.returncode == 0:
+    running = status.returncode == 0 and (json.loads(status.stdout).get("state") or {}).get("real_node")
+    if running:
         detail = "running: reused"
     else:
         log = settings.state_dir / "cluster-up.log"
@@ -111,14 +118,8 @@ def cluster_up(settings: Settings) -> Kubectl:
                 f"progress: tail -f {home(log)})"
             )
         t0 = time.monotonic()
-        with open(log, "w") as out:  # written as it goes, so a long first build can be followed
-            up = subprocess.run(
-                [sys.executable, str(DEVCLUSTER), "up", f"--name={settings.cluster}", "--recreate"],
-                stdout=out, stderr=subprocess.STDOUT, text=True, timeout=3600, cwd=REPO,
-            )  # fmt: skip
-        if up.returncode != 0:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise DemoError(f"the local control plane did not start (log: {home(log)}):\n{tail}")
+        log.write_text("")
+        nodesetup.cluster_up(settings.cluster, log)
         detail = f"started in {time.monotonic() - t0:.0f} s"
         status = devcluster("status", "--json", f"--name={settings.cluster}", timeout=120)
         if status.returncode != 0:
@@ -126,8 +127,25 @@ def cluster_up(settings: Settings) -> Kubectl:
                 f"the local control plane started but is not healthy:\n{status.stdout}{status.stderr}"
             )
     state = json.loads(status.stdout)["state"]
-    done(f"control plane {settings.cluster}", f"{detail} (Kubernetes, kwok nodes, KubeRay, Ray)")
+    done(f"control plane {settings.cluster}", f"{detail} (Kubernetes, a real node, KubeRay)")
     return Kubectl(Path(state["kubectl"]), Path(state["kubeconfig"]))
+
+
+def build_images(settings: Settings) -> dict[str, Path]:
+    log = settings.state_dir / "images.log"
+    log.write_text("")
+    t0 = time.monotonic()
+    say(f"  … the operator and runtime-cpu images (built daemonless when changed; tail -f {home(log)})")
+    archives = nodesetup.image_archives(log)
+    took = time.monotonic() - t0
+    done("images", f"{'built' if took > 30 else 'cached'}: {', '.join(a.name for a in archives.values())}")
+    return archives
+
+
+def load_images(settings: Settings, archives: dict[str, Path]) -> None:
+    t0 = time.monotonic()
+    nodesetup.load_images(settings.cluster, archives, settings.state_dir / "images.log")
+    done("images on the node", f"in containerd ({time.monotonic() - t0:.0f} s)")
 
 
 def install_crds(kubectl: Kubectl) -> None:
@@ -149,47 +167,57 @@ def wait_established(kubectl: Kubectl, crd: str, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-def ensure_operator(settings: Settings, kubectl: Kubectl) -> None:
-    state_file = settings.state_dir / "operator.json"
-    info = operator_proc.running(state_file)
-    if info and info.cluster == operator_proc.cluster_fingerprint(kubectl.kubeconfig):
-        done("operator", f"running: reused (pid {info.pid}, log {home(info.log)})")
-        return
-    if info:  # it serves a control plane that was stopped since: it cannot reach this one
-        operator_proc.stop(state_file)
-        say(f"  … stopped the operator of an earlier control plane (pid {info.pid})")
-    info = operator_proc.start(state_file, kubectl.kubeconfig)
-    done("operator", f"started (pid {info.pid}, log {home(info.log)})")
+def ensure_operator(settings: Settings, kubectl: Kubectl, archive: Path) -> None:
+    t0 = time.monotonic()
+    nodesetup.install_operator(kubectl, archive, settings.state_dir / "operator.log")
+    done(
+        "operator",
+        f"helm release {inpods.OPERATOR_RELEASE} in {inpods.OPERATOR_NAMESPACE} ({time.monotonic() - t0:.0f} s; "
+        f"log: kubectl logs -n {inpods.OPERATOR_NAMESPACE} deploy/{inpods.OPERATOR_RELEASE})",
+    )
 
 
-def ensure_model(model: str) -> None:
+def ensure_data(settings: Settings, kubectl: Kubectl, example: dict[str, Any]) -> None:
+    """The model (converted on this machine once) and the data files on the data volume; the volumes
+    and their claims in the demo's namespace."""
     from rljob_runtime.models.resolve import resolve_model
 
     t0 = time.monotonic()
-    path = resolve_model(model)
-    took = time.monotonic() - t0
-    done(f"model {Path(model).name}", f"{'converted' if took > 2 else 'cached'} at {home(path)}")
+    model = resolve_model(example["spec"]["model"]["path"])
+    data_dir = settings.state_dir / "volumes" / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    nodesetup.fill_data(data_dir, model, example)
+    runs_dir = settings.state_dir / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    nodesetup.restricted_namespace(kubectl, settings.namespace)
+    nodesetup.apply_volumes(kubectl, settings.namespace, data_dir, runs_dir)
+    nodesetup.wait_bound(kubectl, settings.namespace)
+    done(
+        "model and data",
+        f"on volume {inpods.data_claim(settings.namespace)} ({home(data_dir)}, {time.monotonic() - t0:.0f} s)",
+    )
 
 
 def job_phase(job: dict[str, Any] | None) -> str:
     return str(((job or {}).get("status") or {}).get("phase") or "")
 
 
-def run_dir_of(job: dict[str, Any]) -> Path:
-    """The run directory of a demo job: the parent of its checkpoint path (see manifest.demo_job)."""
-    return Path(job["spec"]["checkpoint"]["path"]).parent
+def run_dir_of(settings: Settings, job: dict[str, Any]) -> Path:
+    """The run directory of a demo job on this machine: its checkpoints' subPath on the runs volume
+    is `<run>/checkpoints` (inpods.job_in_pods)."""
+    sub_path = job["spec"]["checkpoint"]["volume"]["subPath"]
+    return settings.state_dir / "runs" / Path(sub_path).parent
 
 
 def apply_job(settings: Settings, kubectl: Kubectl, example: dict[str, Any]) -> tuple[Path, bool]:
     """Apply a new run, or attach to the one running. Returns (run directory, attached)."""
-    kubectl.run("create", "namespace", settings.namespace, check=False)
     existing = kubectl.get("rljob", JOB_NAME, settings.namespace)
     if existing and job_phase(existing) not in TERMINAL:
         done(
             f"job {settings.namespace}/{JOB_NAME}",
             f"already running ({job_phase(existing) or 'new'}): watching it",
         )
-        return run_dir_of(existing), True
+        return run_dir_of(settings, existing), True
     if existing:
         kubectl.run("delete", "rljob", JOB_NAME, "-n", settings.namespace, "--wait=true", "--timeout=120s")
         say(f"  … the previous demo run ended {job_phase(existing)}; starting a new run")
@@ -201,9 +229,9 @@ def apply_job(settings: Settings, kubectl: Kubectl, example: dict[str, Any]) -> 
             f"--keep-runs N keeps the newest N"
         )
     run_dir = runs_dir / datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True)
-    job = manifest.demo_job(
-        example, repo=REPO, run_dir=run_dir, namespace=settings.namespace, ttl_seconds=settings.ttl_seconds
+    nodesetup.run_checkpoint_dir(run_dir)
+    job = inpods.job_in_pods(
+        example, namespace=settings.namespace, run=run_dir.name, ttl_seconds=settings.ttl_seconds
     )
     (run_dir / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     kubectl.run("apply", "-f", "-", input=yaml.safe_dump(job))
@@ -266,8 +294,25 @@ def watch(settings: Settings, kubectl: Kubectl) -> Snapshot:
         time.sleep(settings.poll_s)
     raise DemoError(
         f"the job did not finish within {clock(settings.timeout_s)}; it keeps running: "
-        f"`kubectl describe rljob {JOB_NAME} -n {settings.namespace}`, operator log {settings.state_dir / 'operator.log'}"
+        f"`kubectl describe rljob {JOB_NAME} -n {settings.namespace}`, the operator's log: {operator_log()}"
     )
+
+
+def operator_log() -> str:
+    return f"kubectl logs -n {inpods.OPERATOR_NAMESPACE} deploy/{inpods.OPERATOR_RELEASE}"
+
+
+def on_this_machine(pod_path: str | None, run_dir: Path) -> Path:
+    """A checkpoint path in the pods (under checkpoint.path) as this machine sees it."""
+    local = run_dir / "checkpoints"
+    if not pod_path:
+        return local
+    rel = (
+        Path(pod_path).relative_to(inpods.CHECKPOINT_PATH)
+        if pod_path.startswith(inpods.CHECKPOINT_PATH)
+        else None
+    )
+    return local / rel if rel is not None else Path(pod_path)
 
 
 def summary(settings: Settings, kubectl: Kubectl, final: Snapshot, run_dir: Path, started: float) -> int:
@@ -278,14 +323,9 @@ def summary(settings: Settings, kubectl: Kubectl, final: Snapshot, run_dir: Path
         shown = "\n".join(["    ...", *lines[-12:]]) if len(lines) > 12 else final.message
         say(f"✗ The demo job {final.phase} after {clock(time.monotonic() - started)}:\n{shown}")
         say(f"  events:        kubectl describe rljob {JOB_NAME} -n {settings.namespace}")
-        say(f"  operator log:  {home(settings.state_dir / 'operator.log')}")
-        job_id = ((kubectl.get("rayjob", JOB_NAME, settings.namespace) or {}).get("status") or {}).get(
-            "jobId"
-        )
-        if job_id:
-            say(
-                f'  runtime log:   eval "$(make -s demo-env)"; ray job logs --address $RLJOB_RAY_DASHBOARD {job_id}'
-            )
+        say(f"  operator log:  {operator_log()}")
+        say("  runtime log:   docs/follow-a-run.md#the-runtimes-log (while its head pod runs)")
+        say('  (first: eval "$(make -s demo-env)")')
         return 1
     tb = manifest.tensorboard_dir(run_dir)
     scalars = curve.read_scalars(tb) if tb.is_dir() else {}
@@ -299,7 +339,7 @@ def summary(settings: Settings, kubectl: Kubectl, final: Snapshot, run_dir: Path
         f"✓ Succeeded in {clock(time.monotonic() - started)}: {result.line() if result else 'no reward logged'}"
     )
     say()
-    say(f"  checkpoint    {home(progress.get('lastCheckpoint') or run_dir / 'checkpoints')}")
+    say(f"  checkpoint    {home(on_this_machine(progress.get('lastCheckpoint'), run_dir))}")
     say(f"  TensorBoard   tensorboard --logdir {home(tb)}")
     if png is not None:
         say(f"  reward curve  {home(png)}")
@@ -319,10 +359,12 @@ def cmd_up(settings: Settings) -> int:
     say(f"rljob demo: GRPO on {example['spec']['model']['path']}, learning single-digit addition on CPU")
     say()
     with setup_lock(settings):
+        archives = build_images(settings)
         kubectl = cluster_up(settings)
+        load_images(settings, archives)
         install_crds(kubectl)
-        ensure_operator(settings, kubectl)
-        ensure_model(example["spec"]["model"]["path"])
+        ensure_operator(settings, kubectl, archives["operator"])
+        ensure_data(settings, kubectl, example)
         run_dir, _ = apply_job(settings, kubectl, example)
     final = watch(settings, kubectl)
     return summary(settings, kubectl, final, run_dir, started)
@@ -335,11 +377,17 @@ def cmd_down(settings: Settings, keep_cluster: bool, purge: bool) -> int:
             state = json.loads(status.stdout)["state"]
             kubectl = Kubectl(Path(state["kubectl"]), Path(state["kubeconfig"]))
             kubectl.run(
-                "delete", "namespace", settings.namespace, "--ignore-not-found", "--timeout=120s", check=False
+                "delete", "namespace", settings.namespace, "--ignore-not-found", "--timeout=300s",
+                check=False, timeout=330,
+            )  # fmt: skip
+            nodesetup.delete_volumes(kubectl)
+            done(f"namespace {settings.namespace}", "deleted (the job, its RayJob, Ray cluster and volumes)")
+            uninstalled = nodesetup.uninstall_operator(kubectl)
+            done(
+                "operator",
+                f"helm release {inpods.OPERATOR_RELEASE} "
+                + ("uninstalled" if uninstalled else "was not installed"),
             )
-            done(f"namespace {settings.namespace}", "deleted (the job, its RayJob and Ray cluster)")
-        stopped = operator_proc.stop(settings.state_dir / "operator.json")
-        done("operator", "stopped" if stopped else "was not running")
         if not keep_cluster:
             down = devcluster("down", f"--name={settings.cluster}", timeout=600)
             if down.returncode != 0:
@@ -380,8 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", choices=["up", "down", "env"], nargs="?", default="up")
     parser.add_argument(
         "--cluster",
-        default=os.environ.get("RLJOB_CLUSTER", "rljob-dev"),
-        help="local cluster name (default rljob-dev)",
+        default=os.environ.get("RLJOB_CLUSTER", DEFAULT_CLUSTER),
+        help=f"local cluster name (default {DEFAULT_CLUSTER})",
     )
     parser.add_argument("--namespace", default=manifest.NAMESPACE, help="namespace of the demo job")
     parser.add_argument(

@@ -17,10 +17,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_PYTHON = (3, 11)
-MIN_MEMORY_GB = 8
-# .venv with torch (~6 GB), Go modules and builds (~3 GB), the model and a run (~1 GB).
-MIN_FREE_GB_FRESH = 12
-MIN_FREE_GB_WARM = 2
+MIN_MEMORY_GB = 12
+# .venv with torch (~6 GB), Go modules and builds (~3 GB), the images' archives and build cache
+# (~5 GB), the runtime image unpacked in containerd (~7 GB), the model and a run (~2 GB).
+MIN_FREE_GB_FRESH = 25
+MIN_FREE_GB_WARM = 4
 
 
 def go_requirement(gomod: Path) -> tuple[int, int]:
@@ -88,6 +89,15 @@ def check_go(go: str | None, version_text: str | None, need: tuple[int, int], ca
     return []
 
 
+def check_root(euid: int) -> list[str]:
+    if euid != 0:
+        return [
+            "root: the demo's job runs in real pods on a kubelet, containerd and runc of this machine "
+            "(docs/devcluster.md#real-node); run `make demo` as root"
+        ]
+    return []
+
+
 def check_disk(free_gb: float, fresh: bool) -> list[str]:
     need = MIN_FREE_GB_FRESH if fresh else MIN_FREE_GB_WARM
     if free_gb < need:
@@ -100,7 +110,7 @@ def check_disk(free_gb: float, fresh: bool) -> list[str]:
 def check_memory(total_gb: float | None) -> list[str]:
     if total_gb is not None and total_gb < MIN_MEMORY_GB:
         return [
-            f"{total_gb:.1f} GB of memory; the demo needs about {MIN_MEMORY_GB} GB (model, trainer, control plane)"
+            f"{total_gb:.1f} GB of memory; the demo needs about {MIN_MEMORY_GB} GB (the job's pods, the control plane)"
         ]
     return []
 
@@ -121,6 +131,7 @@ def main() -> int:
         print("make demo cannot start:\n  - " + problems[0], file=sys.stderr)
         return 1
     problems += check_venv_module()
+    problems += check_root(os.geteuid())
     cached = binaries_cached()
     go = find_go()
     version_text = None
