@@ -10,6 +10,8 @@ trainer and engines (they share the bundles), disaggregated jobs `rljob_trainer`
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,9 @@ class Slot:
 
     group: Any  # ray.util.placement_group.PlacementGroup
     index: int
+    # The job's bundles on this bundle's node (this one included): the processes that share its
+    # cores (on device cpu, cpu_threads gives each its part of them).
+    share: int = 1
 
     def options(self, fraction: float = 1.0) -> dict[str, Any]:
         """Ray actor options that pin an actor to this bundle (`fraction` of its resources)."""
@@ -101,13 +106,24 @@ def create_placement(spec: RLTrainingJobSpec, timeout_s: float = 300.0) -> Place
             f"cluster has {have} free (CPU free: {available.get('CPU', 0.0)})"
         )
     trainer_n = trainer_gpus(spec)
-    slots = [Slot(group, i) for i in range(len(shapes))]
+    nodes = _bundle_nodes(group)
+    slots = [Slot(group, i, share) for i, share in enumerate(node_shares(nodes, len(shapes)))]
     res = spec.resources
     if res.colocate:
         trainer, rollout = slots, slots[: rollout_gpus(res)]
     else:
         trainer, rollout = slots[:trainer_n], slots[trainer_n:]
-    return Placement(trainer, rollout, res.colocate, res.rollout.gpus_per_engine, _bundle_nodes(group))
+    return Placement(trainer, rollout, res.colocate, res.rollout.gpus_per_engine, nodes)
+
+
+def node_shares(bundle_nodes: Sequence[str], bundles: int) -> list[int]:
+    """For each bundle, how many of the job's bundles sit on its node. A bundle whose node Ray did
+    not name is taken to share it with every bundle (the cautious guess: fewer threads)."""
+    counts = Counter(bundle_nodes)
+    return [
+        counts[bundle_nodes[i]] if i < len(bundle_nodes) and bundle_nodes[i] else bundles
+        for i in range(bundles)
+    ]
 
 
 def _bundle_nodes(group: Any) -> tuple[str, ...]:

@@ -283,3 +283,26 @@ def test_children_too_large_for_the_api_server_are_refused_before_creation() -> 
         check_children_fit(job_from_spec(), build_rayjob(job_from_spec(), BuildSettings(), suspend=None))
         is None
     )
+
+
+def test_a_cpu_jobs_ray_workers_run_at_normal_priority_unless_the_user_says() -> None:
+    """Ray niceness 15 made the CPU demo's trainer threads wait behind the node's other processes."""
+
+    def niceness(patch: dict[str, Any]) -> set[str | None]:
+        return {
+            next(
+                (
+                    e.get("value")
+                    for e in p["spec"]["containers"][0]["env"]
+                    if e["name"] == "RAY_worker_niceness"
+                ),
+                None,
+            )
+            for p in _pods(patch)
+        }
+
+    cpu = {"resources": {"device": "cpu"}, "rollout": {"engine": "hf"}, "training": {"backend": "torch"}}
+    assert niceness(cpu) == {"0"}  # head and worker pods
+    assert niceness({}) == {None}  # GPU jobs: Ray's default
+    mine = _merge(cpu, {"resources": {"env": [{"name": "RAY_worker_niceness", "value": "10"}]}})
+    assert niceness(mine) == {"10"}

@@ -30,6 +30,7 @@ import ray
 from rljob_api.support import HF_SGLANG_ARGS
 
 from .. import engine_api
+from ..cpu_threads import threads_for
 from ..models.resolve import model_on_this_node, tokenizer_on_this_node
 from ..net import free_port
 from . import procs
@@ -185,6 +186,7 @@ class EngineProcess:
         device: str = "cpu",
         seed: int = 0,
         threads: int | None = None,
+        cpu_share: int = 1,
         tp_size: int = 1,
         enable_memory_saver: bool = False,
         sglang_args: Mapping[str, str] | None = None,
@@ -198,7 +200,9 @@ class EngineProcess:
     ) -> None:
         """``model_reference``: spec.model.path, resolved again on this node when ``model_path`` (the
         driver's resolution) is not visible here; ``tokenizer_reference`` and ``tokenizer_path`` the
-        same for model.tokenizer (both None: the model's own tokenizer)."""
+        same for model.tokenizer (both None: the model's own tokenizer). ``threads``: the server's
+        torch threads on cpu; None: its part of this node's cores, shared by ``cpu_share`` processes
+        (``placement.Slot.share``)."""
         self.kind: EngineKind = kind
         self.model_path = model_on_this_node(model_reference, model_path) if model_reference else model_path
         self.tokenizer_path = (
@@ -211,7 +215,9 @@ class EngineProcess:
         self.dtype = dtype
         self.device = device
         self.seed = seed
-        self.threads = threads if threads is not None else (1 if device == "cpu" else None)
+        if threads is None and device == "cpu":
+            threads = threads_for(cpu_share)
+        self.threads = threads
         self.tp_size = tp_size
         self.enable_memory_saver = enable_memory_saver
         self.sglang_args = dict(sglang_args or {})

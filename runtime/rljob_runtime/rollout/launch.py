@@ -53,6 +53,8 @@ def launch_engines(
             dtype=spec.model.dtype,
             device=device,
             seed=engine_seed(spec.training.seed, index),
+            # an engine over k bundles of a node is one process: k bundles' part of its cores
+            cpu_share=max(1, first_slots[index].share // placement.gpus_per_engine),
             tp_size=placement.gpus_per_engine,
             enable_memory_saver=placement.colocated and rollout.engine == "sglang",
             sglang_args=dict(rollout.sglang_args),

@@ -123,7 +123,12 @@ class TrainerGroup:
             options["runtime_env"] = {"env_vars": actor_env()}
             actors.append(
                 remote_cls.options(**options).remote(
-                    spec, str(model_path), rank, len(slots), dist_timeout_s=dist_timeout_s
+                    spec,
+                    str(model_path),
+                    rank,
+                    len(slots),
+                    dist_timeout_s=dist_timeout_s,
+                    cpu_share=slot.share,
                 )
             )
         group = cls(spec, actors)

@@ -22,6 +22,7 @@ from rljob_api.spec import RLTrainingJobSpec
 from ..algo.batching import steps_per_rollout
 from ..algo.losses import policy_loss
 from ..algo.packing import plan_micro_batches
+from ..cpu_threads import threads_for
 from ..models.resolve import model_on_this_node
 from ..net import free_port, node_ip
 from .base import (
@@ -76,8 +77,13 @@ class TrainerRankBase(Offloadable, WeightSource):
         world_size: int,
         *,
         dist_timeout_s: float,
+        cpu_share: int = 1,
     ) -> None:
+        """``cpu_share``: the job's processes on this node that run at once (``placement.Slot.share``);
+        on device cpu the rank takes its part of the node's cores as torch threads."""
         self.spec = spec
+        if spec.resources.device == "cpu":
+            torch.set_num_threads(threads_for(cpu_share))
         self.model_path = model_on_this_node(spec.model.path, model_path)
         self.rank, self.world_size = rank, world_size
         self.dist_timeout_s = dist_timeout_s

@@ -100,18 +100,19 @@ class TorchTrainerRank(TrainerRankBase):
         world_size: int = 1,
         *,
         dist_timeout_s: float = 600.0,
+        cpu_share: int = 1,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
+        super().__init__(
+            spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s, cpu_share=cpu_share
+        )
         # Ray exposes this rank's GPU as the only visible one: cuda:0.
         self.device = torch.device("cuda:0" if spec.resources.device == "cuda" else "cpu")
         # Parameters and optimizer state stay float32 (master weights); on CUDA the forward runs under
         # autocast in spec.model.dtype. On CPU everything is float32.
         self.compute_dtype: torch.dtype = torch.float32
-        if self.device.type == "cpu":
-            torch.set_num_threads(1)
-        else:
+        if self.device.type != "cpu":  # on cpu the base set the threads (cpu_share)
             torch.cuda.set_device(self.device)
             self.compute_dtype = getattr(torch, spec.model.dtype)
         set_seed(spec.training.seed)

@@ -65,10 +65,13 @@ class MegatronTrainerRank(TrainerRankBase):
         dist_timeout_s: float = 600.0,
         distributed_optimizer: bool = True,
         fusions: Iterable[str] = (),
+        cpu_share: int = 1,
     ) -> None:
         # Everything that can be refused is refused here (prepare.prepare did it too), before any
         # process group or GPU memory.
-        super().__init__(spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s)
+        super().__init__(
+            spec, model_path, rank, world_size, dist_timeout_s=dist_timeout_s, cpu_share=cpu_share
+        )
         self.shape, self.par = check_megatron(spec, self.model_path, gpus=world_size)
         if spec.model.megatron_checkpoint is not None:  # its tensors are checked when loaded (_build)
             find_dist_checkpoint(spec.model.megatron_checkpoint)
