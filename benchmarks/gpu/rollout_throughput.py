@@ -4,27 +4,31 @@ output tokens per second. A benchmark script: it prints figures and never fails 
 
 Modes, each on the GPU alone (run one after the other in this process, each server stopped before
 the next starts); each runs a small warm-up generation, then times every workload ``--runs`` times
-(default 2: both printed, the best and the median kept):
+(default 3: all printed, the best and the median kept):
 
 - ``stock``: ``python -m sglang.launch_server`` started here with the command line the runtime's
   engine gets (``engine_actor.engine_command``: same flags, same ``--mem-fraction-static``, the
-  memory saver when ``--placement colocated``), and a plain aiohttp client: every request posted to
-  ``/generate`` at once (``concurrent``) and all of them as one batched request (``batch``), the
-  better of the two being the reference (sglang-kit's ``sglang_client.py bench`` measures the same
-  two). ``--stock-url`` measures a server already running instead (any SGLang-API server: the CPU
-  test points it at rljob's hf server); ``--stock-logprobs`` adds an informational row asking
-  logprobs as the runtime does (never the reference).
+  memory saver when ``--placement colocated``), and a plain aiohttp client asking what the runtime
+  asks (token ids and log-probs): every request posted to ``/generate`` at once (``concurrent``) and
+  all of them as one batched request (``batch``), the better of the two being the reference.
+  ``--stock-plain`` (on by default) adds an informational row without log-probs (never the
+  reference: it returns less than the runtime needs). ``--stock-url`` measures a server already
+  running instead (any SGLang-API server: the CPU test points it at rljob's hf server).
 - ``runtime``: a local Ray, ``RolloutManager.create`` with one engine of ``rollout.engine: sglang``
   (health checks off), ``manager.generate`` as the driver calls it (logprobs on; one call per
-  distinct ``max_new_tokens``, all in flight at once from threads).
+  distinct ``max_new_tokens``, all in flight at once from threads), with as many requests in flight
+  as the engine says it runs at once (``EngineClient.set_in_flight_limit``). ``--also-concurrency N``
+  adds rows ``runtime@N``: the same path with at most N requests in flight (e.g. 512, the fixed
+  per-engine limit the runtime had before).
 - ``hf``: the same path with ``rollout.engine: hf`` (rljob's transformers server) on the GPU, for the
   ratio; slow, so by default only the ``fixed`` workload (``--hf-workloads``).
 
 Workloads (random prompt ids in the tokenizer's vocabulary, fresh prompts for each timed run but the
 same for every mode; ``ignore_eos``, so every request makes exactly its ``max_new_tokens``):
 
-- ``fixed``: 256 requests, 128 prompt tokens -> 256 new tokens;
-- ``longtail``: the same, but a seeded 5% of the requests (13 of 256) ask 8x the median (2048).
+- ``fixed``: 2048 requests, 128 prompt tokens -> 256 new tokens (15-20 s a run for the 0.5b on an
+  H100 or H200: shorter runs are too noisy to compare clients);
+- ``longtail``: the same, but a seeded 5% of the requests (103 of 2048) ask 8x the median (2048).
 
 Server flags: the kit's SGLang 0.5.16 has no FA3, so both stock and runtime get
 ``--attention-backend triton --sampling-backend pytorch --disable-flashinfer-autotune`` and
@@ -47,7 +51,7 @@ twice, ~150 s each cold; the hf engine's runs are the slow part); ``--stock-from
 invocation the ratio to the stock figures of the one before. The model directory is reused.
 
     # on the GPU machine (kit installed, e.g. CUDA_VISIBLE_DEVICES=0)
-    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock runtime --stock-logprobs \\
+    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock runtime --also-concurrency 512 \\
         --model-root /dev/shm/rljob-models --json t-0.5b.json
     python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes hf --stock-from t-0.5b.json \\
         --model-root /dev/shm/rljob-models --json t-0.5b-hf.json
@@ -93,7 +97,7 @@ from bench_cli import (
 from bench_env import KIT_SGLANG_ARGS
 from model_dirs import MODELS, ensure_model_dir
 
-FULL = {"model": "0.5b", "prompts": 256, "prompt_len": 128, "new_tokens": 256}
+FULL = {"model": "0.5b", "prompts": 2048, "prompt_len": 128, "new_tokens": 256}
 TINY = {"model": "tiny", "prompts": 4, "prompt_len": 8, "new_tokens": 8}
 MODES = ("stock", "runtime", "hf")
 CLIENTS = ("concurrent", "batch")
@@ -127,21 +131,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["fixed"],
         help="mode hf's workloads (it is ~10x slower; default fixed)",
     )
-    p.add_argument("--prompts", type=int, default=None, help="requests per workload (default 256)")
+    p.add_argument("--prompts", type=int, default=None, help="requests per workload (default 2048)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128)")
     p.add_argument(
         "--new-tokens", type=int, default=None, help="new tokens per request, the median (default 256)"
     )
     p.add_argument("--long-fraction", type=float, default=report.LONG_FRACTION)
     p.add_argument("--long-factor", type=int, default=report.LONG_FACTOR)
-    add_runs(p, 2, help="timed runs of each workload per mode")
+    add_runs(p, 3, help="timed runs of each workload per mode")
     add_seed(p)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--stock-clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
     p.add_argument(
-        "--stock-logprobs",
-        action="store_true",
-        help="also time stock (concurrent) asking logprobs, as the runtime does (informational)",
+        "--stock-plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time stock (concurrent) without logprobs (informational, never the reference)",
+    )
+    p.add_argument(
+        "--also-concurrency",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also time the runtime's path with at most N requests in flight (rows runtime@N)",
     )
     p.add_argument("--stock-url", default=None, help="measure this running SGLang-API server as stock")
     p.add_argument(
@@ -174,8 +187,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         print("note: --engine hf: mode hf is mode runtime; dropped", flush=True)
         if not args.modes:
             p.error("--engine hf --modes hf: nothing left to run (mode runtime is the hf engine's path)")
-    if min(args.prompts, args.prompt_len, args.new_tokens, args.runs) < 1:
-        p.error("--prompts, --prompt-len, --new-tokens and --runs must be positive")
+    if min(args.prompts, args.prompt_len, args.new_tokens, args.runs, *args.also_concurrency) < 1:
+        p.error("--prompts, --prompt-len, --new-tokens, --runs and --also-concurrency must be positive")
     if not 0 < args.long_fraction < 0.5 or args.long_factor < 1:
         p.error("--long-fraction must be in (0, 0.5) and --long-factor at least 1")
     if args.stock_from is not None and "stock" in args.modes:
@@ -292,14 +305,15 @@ def measure_server(
     model: str,
     engine: str,
     clients: Sequence[str] = CLIENTS,
-    runs: int = 2,
+    runs: int = 3,
     temperature: float = 1.0,
-    logprobs_row: bool = False,
+    plain_row: bool = True,
 ) -> list[dict[str, Any]]:
-    """Time ``workloads`` against the SGLang-API server at ``url`` with each client (after one small
-    warm-up): one row per client and workload, printed as it comes."""
+    """Time ``workloads`` against the SGLang-API server at ``url`` with each client asking logprobs
+    (the runtime's outputs: the reference rows), and without them when ``plain_row`` (concurrent,
+    informational), after one small warm-up: one row per client and workload, printed as it comes."""
     posts = {"concurrent": post_concurrent, "batch": post_batch}
-    variants = [(c, False) for c in clients] + ([("concurrent", True)] if logprobs_row else [])
+    variants = [(c, True) for c in clients] + ([("concurrent", False)] if plain_row else [])
     first = workloads[0]
     warm = report.warmup_workload(first.prompt_len, first.vocab)
     check_made(
@@ -329,7 +343,7 @@ def measure_server(
                     workload=workload,
                     seconds=seconds,
                     client=client + ("+logprobs" if logprobs else ""),
-                    reference=not logprobs,
+                    reference=logprobs,
                 )
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -383,7 +397,7 @@ def run_stock(
         clients=args.stock_clients,
         runs=args.runs,
         temperature=args.temperature,
-        logprobs_row=args.stock_logprobs,
+        plain_row=args.stock_plain,
     )
     if args.stock_url:
         rows = measure_server(args.stock_url.rstrip("/"), workloads, engine="external", **common)
@@ -490,28 +504,36 @@ def run_runtime(
     placement = make_placement(spec)
     manager = None
     rows = []
-    ready_s = -1.0
+    ready_s, in_flight = -1.0, -1
     try:
         started = time.monotonic()
         manager = RolloutManager.create(
             spec, model_dir, placement, log_dir=log_dir / mode, startup_timeout_s=args.startup_timeout
         )
         ready_s = time.monotonic() - started
-        print(f"{mode}: engine and router ready in {ready_s:.1f} s", flush=True)
+        in_flight = manager.client.concurrency
+        print(
+            f"{mode}: engine and router ready in {ready_s:.1f} s, {in_flight} requests in flight", flush=True
+        )
         first = workloads[0]
+        caps = [(mode, in_flight)] + [
+            (f"{mode}@{n}", n) for n in (args.also_concurrency if mode == "runtime" else [])
+        ]
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="generate") as pool:
             generate_workload(
                 manager, report.warmup_workload(first.prompt_len, first.vocab), 0, args.temperature, pool
             )
             for workload in workloads:
-                seconds = [
-                    generate_workload(manager, workload, run, args.temperature, pool)
-                    for run in range(args.runs)
-                ]
-                rows.append(
-                    report.row(mode, model=args.model, engine=engine, workload=workload, seconds=seconds)
-                )
-                print(json.dumps(rows[-1]), flush=True)
+                for name, cap in caps:
+                    manager.client.concurrency = cap
+                    seconds = [
+                        generate_workload(manager, workload, run, args.temperature, pool)
+                        for run in range(args.runs)
+                    ]
+                    rows.append(
+                        report.row(name, model=args.model, engine=engine, workload=workload, seconds=seconds)
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
         if manager is not None:
             manager.shutdown()
@@ -519,7 +541,7 @@ def run_runtime(
         for group in groups.values():
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(group)
-    return rows, {f"{mode}_ready_s": round(ready_s, 1)}
+    return rows, {f"{mode}_ready_s": round(ready_s, 1), f"{mode}_in_flight": in_flight}
 
 
 def start_ray(args: argparse.Namespace, model_dir: Path) -> None:

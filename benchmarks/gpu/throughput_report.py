@@ -167,7 +167,8 @@ def label(r: Mapping[str, Any]) -> str:
 
 def references(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
     """(model, workload) -> the stock row with the best tok/s (of its clients: concurrent, batch;
-    rows with ``reference: False``, e.g. stock asked for logprobs, are left out)."""
+    rows with ``reference: False``, e.g. stock not asked for the logprobs the runtime gets, are left
+    out)."""
     out: dict[tuple[str, str], Mapping[str, Any]] = {}
     for r in rows:
         if r["mode"] != "stock" or r.get("reference") is False:

@@ -110,6 +110,10 @@ LAUNCH_FLAGS: frozenset[str] = frozenset(
 
 DEFAULT_WEIGHT_VERSION = "default"
 
+# ``/server_info`` answers a list ``internal_states``, one entry per data-parallel scheduler; this key
+# of each is how many requests that scheduler runs at once (SGLang's ``Scheduler.get_internal_state``).
+RUNNING_CAPACITY_KEY = "effective_max_running_requests_per_dp"
+
 
 def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in body.items() if value is not None}
@@ -360,3 +364,17 @@ def deserialize_named_tensors(data: str, load_format: str | None) -> list[tuple[
     if isinstance(payload, dict):
         return list(payload.items())
     return [(str(name), tensor) for name, tensor in payload]
+
+
+def running_capacity(server_info: Any) -> int | None:
+    """Requests an engine runs at once, from its ``/server_info`` answer: the sum over its
+    data-parallel schedulers of ``RUNNING_CAPACITY_KEY``; None when the answer does not say (the
+    ``hf`` engine, another server)."""
+    states = server_info.get("internal_states") if isinstance(server_info, dict) else None
+    if not isinstance(states, list):
+        return None
+    values = [s.get(RUNNING_CAPACITY_KEY) for s in states if isinstance(s, dict)]
+    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if not counts or len(counts) != len(states):
+        return None
+    return sum(counts)

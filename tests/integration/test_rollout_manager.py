@@ -91,6 +91,8 @@ def _spec(model: Path) -> Any:
             "nSamplesPerPrompt": 2,
             "maxResponseLen": 12,
             "router": {"policy": "round_robin"},
+            # the hf server's batch; the client reads it back as the engine's running capacity
+            "sglangArgs": {"max-running-requests": "16"},
         },
         "training": {"backend": "torch", "globalBatchSize": 8, "microBatchSize": 1},
         "resources": {"device": "cpu", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": 2}},
@@ -174,6 +176,8 @@ def test_a_two_engines_generate_a_batch(env: Env) -> None:
     ) == sorted(manager.engine_urls())
     # training.seed (the default, 42) reaches the engines: engine i samples from seed + i
     assert [get(f"{u}/server_info")["seed"] for u in manager.engine_urls()] == [42, 43]
+    # requests in flight: what the two engines say they run at once (16 each), not the fallback (64 each)
+    assert manager.client.concurrency == 32
     before = [served(u) for u in manager.engine_urls()]
     samples = make_samples(16)
     out = manager.generate(samples)

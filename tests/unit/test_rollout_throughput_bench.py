@@ -189,8 +189,13 @@ def test_stock_rows_come_from_an_earlier_run_of_the_same_load() -> None:
 
 def test_defaults_full_and_tiny() -> None:
     full = bench.parse_args([])
-    assert (full.model, full.prompts, full.prompt_len, full.new_tokens) == ("0.5b", 256, 128, 256)
-    assert full.engine == "sglang" and full.modes == ["stock", "runtime", "hf"] and full.runs == 2
+    assert (full.model, full.prompts, full.prompt_len, full.new_tokens) == ("0.5b", 2048, 128, 256)
+    assert full.engine == "sglang" and full.modes == ["stock", "runtime", "hf"] and full.runs == 3
+    assert full.stock_plain is True and full.also_concurrency == []
+    assert bench.parse_args(["--no-stock-plain", "--also-concurrency", "512", "1024"]).also_concurrency == [
+        512,
+        1024,
+    ]
     tiny = bench.parse_args(["--device", "cpu", "--tiny", "--prompts", "6"])
     assert (tiny.model, tiny.prompts, tiny.prompt_len, tiny.new_tokens) == ("tiny", 6, 8, 8)
     assert tiny.engine == "hf" and tiny.modes == ["stock", "runtime"]
@@ -200,6 +205,7 @@ def test_defaults_full_and_tiny() -> None:
     for bad in (
         ["--device", "cpu", "--engine", "sglang"],
         ["--prompts", "0"],
+        ["--also-concurrency", "0"],
         ["--stock-from", "x.json"],  # with mode stock
         ["--sglang-arg", "port=1"],  # the runtime owns it: refused before anything starts
     ):
@@ -252,21 +258,32 @@ def test_the_harness_runs_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     the script with ``engine_command``, as stock SGLang would be), then the runtime's path (local
     Ray, RolloutManager, the real sglang-router, one hf engine)."""
     out = tmp_path / "t.json"
-    argv = ["--device", "cpu", "--engine", "hf", "--tiny", "--stock-logprobs", "--json", str(out)]
+    argv = ["--device", "cpu", "--engine", "hf", "--tiny", "--runs", "2", "--also-concurrency", "2"]
+    argv += ["--json", str(out)]
     assert bench.main([*argv, "--model-root", str(tmp_path), "--log-dir", str(tmp_path / "logs")]) == 0
     doc = json.loads(out.read_text())
     got = [(tr.label(r), r["workload"], r["output_tokens"]) for r in doc["rows"]]
     fixed, tail = 4 * 8, 3 * 8 + 64
     assert got == [
-        ("stock/concurrent", "fixed", fixed),
-        ("stock/batch", "fixed", fixed),
         ("stock/concurrent+logprobs", "fixed", fixed),
-        ("stock/concurrent", "longtail", tail),
-        ("stock/batch", "longtail", tail),
+        ("stock/batch+logprobs", "fixed", fixed),
+        ("stock/concurrent", "fixed", fixed),
         ("stock/concurrent+logprobs", "longtail", tail),
+        ("stock/batch+logprobs", "longtail", tail),
+        ("stock/concurrent", "longtail", tail),
         ("runtime", "fixed", fixed),
+        ("runtime@2", "fixed", fixed),
         ("runtime", "longtail", tail),
+        ("runtime@2", "longtail", tail),
     ]
+    # the references ask logprobs, as the runtime does; the plain row never is one
+    assert [r["client"] for r in doc["rows"] if r["is_reference"]] in (
+        [a, b]
+        for a in ("concurrent+logprobs", "batch+logprobs")
+        for b in ("concurrent+logprobs", "batch+logprobs")
+    )
+    # the hf server runs 64 requests at once (its batch), and the client read it
+    assert doc["runtime_in_flight"] == 64
     assert all(len(r["seconds"]) == 2 and r["tok_per_s"] > 0 for r in doc["rows"])
     assert sum(r["is_reference"] for r in doc["rows"]) == 2
     assert (

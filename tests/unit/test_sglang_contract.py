@@ -229,3 +229,33 @@ def test_contract_catches_a_wrong_field() -> None:
     assert "not_a_field" not in _fields(io_struct_classes(), "GenerateReqInput")
     assert "rid" in _fields(io_struct_classes(), "AbortReq")  # inherited from BaseReq
     assert "not_a_flag" not in server_args_fields()
+
+
+def _internal_state_keys() -> set[str]:
+    """String keys ``Scheduler.get_internal_state`` sets on its answer (``ret["..."] = ...``): one
+    entry of ``/server_info``'s ``internal_states`` per data-parallel scheduler."""
+    module = _parse("srt/managers/scheduler.py")
+    methods = [
+        node
+        for node in ast.walk(module)
+        if isinstance(node, ast.FunctionDef) and node.name == "get_internal_state"
+    ]
+    assert methods, "Scheduler.get_internal_state is gone from the pinned SGLang"
+    return {
+        target.slice.value
+        for method in methods
+        for node in ast.walk(method)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Subscript)
+        and isinstance(target.slice, ast.Constant)
+        and isinstance(target.slice.value, str)
+    }
+
+
+def test_the_running_capacity_the_client_reads_is_in_sglangs_server_info() -> None:
+    """``engine_api.running_capacity`` reads this key of each ``internal_states`` entry; without it
+    the rollout client falls back to a fixed number of requests in flight per engine."""
+    keys = _internal_state_keys()
+    assert engine_api.RUNNING_CAPACITY_KEY in keys, sorted(keys)
+    assert "not_a_key" not in keys and "memory_usage" in keys  # the check can fail, and reads the method

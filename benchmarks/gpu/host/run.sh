@@ -6,7 +6,9 @@
 #   bash benchmarks/gpu/host/run.sh sglang     SGLang engines in the runtime: engine, IPC codecs, offload,
 #                                              colocated syncs and a killed engine, GRPO learns (torch,
 #                                              megatron), resume, a colocated 1.5B step, the examples
-#                                              scaled down, NCCL into SGLang, rollout throughput
+#                                              scaled down, NCCL into SGLang
+#   bash benchmarks/gpu/host/run.sh rollout    the runtime's rollout path against stock SGLang (tokens/s),
+#                                              0.5B and 1.5B, 2048 requests, 3 runs each
 #   bash benchmarks/gpu/host/run.sh sync       weight sync into SGLang (IPC on one GPU, NCCL across two)
 #                                              and the driver's GPU sync test (IPC; NCCL with two GPUs)
 #   bash benchmarks/gpu/host/run.sh megatron   the Megatron GPU tests, MFU (1b, 4b, 8b at TP 2), the
@@ -18,6 +20,7 @@
 # runs its steps, each with a time limit (lib.sh: RESULTS, BUDGET, LIMIT_SCALE, ONLY, SKIP). It prints
 # where the logs go ($OUT when set, else .gpu/results/<suite>-<date>-<time>), a summary at the end,
 # and exits 1 when a step failed. Steps that need two GPUs are skipped on one. Options by suite:
+#   rollout       ROLLOUT_MODELS ("0.5b 1.5b"), ROLLOUT_ARGS (added to every run, e.g. "--runs 5")
 #   sglang, sync  MODEL_ROOT (/dev/shm/rljob-models), SYNC_MODELS ("4b 0.5b 1.5b"),
 #                 SYNC_BUCKETS_MB (more 4b runs at these bucket sizes, e.g. "1024 2048"), SYNC_ARGS
 #   megatron      MFU_RUNS (3), MFU_ARGS (added to every MFU run), RECOMPUTE_LAYERS (the chunked-head 4b:
@@ -30,7 +33,7 @@ set -uo pipefail
 SUITE=${1:-}
 [ $# -gt 0 ] && shift
 case "$SUITE" in
-  tests | sglang | sync | megatron | modes | kit) ;;
+  tests | sglang | rollout | sync | megatron | modes | kit) ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
 if [ "$SUITE" != tests ] && [ $# -gt 0 ]; then echo "run.sh $SUITE takes no arguments (options are variables)"; exit 2; fi
@@ -89,11 +92,24 @@ suite_sglang() {
     step examples-2gpu 900 "${T[@]}" "$G/test_examples_gpu.py::test_a_scaled_down_example_runs[grpo-disaggregated.yaml]" \
       "$G/test_examples_gpu.py::test_a_scaled_down_example_runs[grpo-async.yaml]"
   fi
-  # the runtime's rollout path against stock SGLang (0.5B), then the hf engine's ratio from the same stock run
-  step throughput-0.5b 900 python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock runtime \
-    --stock-logprobs --model-root "$MODEL_ROOT" --json "$J/throughput-0.5b.json"
-  step throughput-0.5b-hf 600 python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes hf \
-    --stock-from "$J/throughput-0.5b.json" --model-root "$MODEL_ROOT" --json "$J/throughput-0.5b-hf.json"
+}
+
+suite_rollout() {
+  # the runtime's rollout path against stock SGLang, per model: stock first (its own server), then the
+  # runtime with the ratio to those stock rows; each step fits a 10-minute window on one H100
+  # (0.5b: also the plain stock client, and the runtime at 512 requests in flight, its old fixed limit)
+  local m stock_extra runtime_extra
+  # shellcheck disable=SC2206  # ROLLOUT_ARGS: options, split on spaces
+  local EXTRA=(${ROLLOUT_ARGS:-})
+  for m in ${ROLLOUT_MODELS:-0.5b 1.5b}; do
+    stock_extra=(--no-stock-plain) runtime_extra=()
+    [ "$m" = 0.5b ] && stock_extra=() runtime_extra=(--also-concurrency 512)
+    step "throughput-$m-stock" 900 python3 benchmarks/gpu/rollout_throughput.py --model "$m" --modes stock \
+      "${stock_extra[@]}" "${EXTRA[@]}" --model-root "$MODEL_ROOT" --json "$J/throughput-$m-stock.json"
+    step "throughput-$m" 900 python3 benchmarks/gpu/rollout_throughput.py --model "$m" --modes runtime \
+      "${runtime_extra[@]}" "${EXTRA[@]}" --stock-from "$J/throughput-$m-stock.json" --model-root "$MODEL_ROOT" \
+      --json "$J/throughput-$m.json"
+  done
 }
 
 suite_sync() {

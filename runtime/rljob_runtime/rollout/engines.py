@@ -47,8 +47,8 @@ class Engine:
 
 
 Refresher = Callable[[str], None]  # brings the relaunched engine at this URL to the current weights
-# Requests in flight per engine: SGLang schedules hundreds at once (its own max_running_requests caps
-# them); the hf engine batches fewer and is slower to answer a flood.
+# Requests in flight per engine when its /server_info does not say how many it runs at once (the
+# client asks first: EngineClient.set_in_flight_limit). SGLang's default is 2048-4096 per scheduler.
 ENGINE_CONCURRENCY = {"sglang": 512, "hf": 64}
 
 

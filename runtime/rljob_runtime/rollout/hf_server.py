@@ -306,7 +306,12 @@ class HFServer(WeightEndpoints):
             "version": "rljob-hf",
             "max_total_num_tokens": self.engine.config.max_position_embeddings,
             "internal_states": [
-                {"paused": self.paused is not None, "num_requests_total": self.total_requests}
+                {
+                    "paused": self.paused is not None,
+                    "num_requests_total": self.total_requests,
+                    # SGLang's name: requests this server runs at once (one batch of at most this many)
+                    engine_api.RUNNING_CAPACITY_KEY: self.max_batch_size,
+                }
             ],
         }
 

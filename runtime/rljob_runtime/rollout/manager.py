@@ -92,8 +92,9 @@ class RolloutManager:
         ``refresher`` (optional, may be set later) brings a relaunched engine to the current weights.
         ``weights_path``: an HF directory the engines load instead of ``model_path`` (a resumed run's
         checkpoint export); relaunched engines load ``model_path`` and are refreshed.
-        ``concurrency``: requests in flight through the router, default ``ENGINE_CONCURRENCY`` per
-        engine (SGLang batches continuously: a whole rollout's requests at once fill its batch).
+        ``concurrency``: requests in flight through the router; by default what the engines say they
+        run at once (SGLang's schedulers, ``EngineClient.set_in_flight_limit``), ``ENGINE_CONCURRENCY``
+        for an engine that does not say.
         """
         router, engines, actor_kwargs = launch_engines(
             spec,
@@ -103,7 +104,8 @@ class RolloutManager:
             startup_timeout_s=startup_timeout_s,
             weights_path=weights_path,
         )
-        return cls(
+        fallback = ENGINE_CONCURRENCY[spec.rollout.engine]
+        manager = cls(
             spec=spec,
             router=router,
             engines=engines,
@@ -111,9 +113,12 @@ class RolloutManager:
             refresher=refresher,
             health=health,
             retry=retry,
-            concurrency=concurrency or ENGINE_CONCURRENCY[spec.rollout.engine] * len(engines),
+            concurrency=concurrency or fallback * len(engines),
             model_path=model_path,
         )
+        if concurrency is None:
+            manager.client.set_in_flight_limit([e.url for e in engines], fallback)
+        return manager
 
     @property
     def refresher(self) -> Refresher | None:
