@@ -295,8 +295,8 @@ def ready_condition(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
 def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) -> None:
     """SIGSTOP the real node's kubelet (its containers run on) until the job's Ready condition names
     the node, then SIGCONT it and wait for the job to read Running again. The node lifecycle
-    controller marks the node after its --node-monitor-grace-period (3m20s: kwokctl's setting, for
-    its fake nodes' slow heartbeats) plus up to one --node-monitor-period (25 s)."""
+    controller marks the node after its --node-monitor-grace-period (40 s on a cluster with a real
+    node: controlplane.real_node_patches) plus up to one --node-monitor-period (5 s)."""
     kubelet = int(cluster.state["real_node"]["kubelet_pid"])
     t0 = time.monotonic()
     os.kill(kubelet, signal.SIGSTOP)
@@ -304,7 +304,7 @@ def stop_kubelet_until_the_job_shows_it(cluster: Cluster, name: str, ns: str) ->
         shown = wait_for(
             "the job's Ready condition naming the not-Ready node",
             lambda: (c := ready_condition(cluster, name, ns)).get("reason") == "NodeNotReady" and c,
-            330,
+            180,
         )
     finally:
         os.kill(kubelet, signal.SIGCONT)

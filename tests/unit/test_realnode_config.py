@@ -93,6 +93,28 @@ def test_apiserver_dials_kubelets_with_a_client_certificate() -> None:
     assert args["service-cluster-ip-range"] == rc.SERVICE_CIDR
 
 
+def test_a_stopped_kubelet_shows_as_not_ready_after_upstreams_grace_not_kwokctls(tmp_path: Path) -> None:
+    """kwokctl runs the node controller with a 3m20s grace for its fake nodes; a cluster with a real
+    node gets 40 s (checked every 5 s). The patch's flags come after kwokctl's own, so they win; a
+    cluster of fake nodes alone keeps kwokctl's."""
+    import yaml
+    from controlplane import kwokctl_config
+    from state import Ctx
+
+    ctx = Ctx(name="t", dir=tmp_path, bins={b: Path(f"/bin/{b}") for b in BINARIES})
+
+    def patches(real_node: bool) -> dict[str, dict[str, str]]:
+        conf = yaml.safe_load(kwokctl_config(ctx, "v1.36.4", real_node=real_node).read_text())
+        return {p["name"]: {a["key"]: a["value"] for a in p["extraArgs"]} for p in conf["componentsPatches"]}
+
+    real = patches(True)["kube-controller-manager"]
+    assert real == {"node-monitor-period": "5s", "node-monitor-grace-period": "40s"}
+    assert "kube-controller-manager" not in patches(False)
+
+
+BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "etcd", "kubectl")
+
+
 @pytest.mark.parametrize("kind", ["Deployment", "Service", "ClusterRole"])
 def test_coredns_manifests(kind: str) -> None:
     (obj,) = [m for m in rc.coredns_manifests() if m["kind"] == kind]
