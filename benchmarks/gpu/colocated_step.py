@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--response-len", type=int, default=256)
     add_model_root(p)
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="checkpoint.path (default: a new temporary directory; never under --model-root, which "
+        "may be /dev/shm, a path jobs may not write checkpoints to)",
+    )
     add_json(p)
     p.add_argument(
         "--offload-optimizer",
@@ -120,6 +127,11 @@ def fit_line(history: list[dict[str, float]], gpu_gb: float) -> str:
     return f"trainer resident {trainer:.1f} GB + engines resident {engines:.1f} GB = {together:.1f} GB on a {gpu_gb:.0f} GB GPU: they {verdict}"
 
 
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    """``--checkpoint-dir``, or a new temporary directory: never under ``--model-root``."""
+    return dir_or_temp(args.checkpoint_dir, "rljob-colocated-ckpt-")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = ensure_model_dir(root, args.model, tokenizer=tokenizer, device="cuda")
     torch.cuda.empty_cache()
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    spec = parse_spec(job(args, model_dir, root / "ckpt"))
+    spec = parse_spec(job(args, model_dir, checkpoint_dir(args)))
 
     def each_step(metrics: dict[str, float]) -> None:  # a run cut short still reports its steps
         print(phase_table([metrics]), flush=True)

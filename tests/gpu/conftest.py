@@ -4,6 +4,7 @@ present (CI); run them on a GPU machine with `make test-gpu`."""
 from __future__ import annotations
 
 import pytest
+from verdicts import record, verdict_line
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -20,3 +21,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(
                     pytest.mark.skip(reason="needs an NVIDIA GPU (make test-gpu on a GPU machine)")
                 )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each GPU test's verdict as it ends (verdicts.py): a run cut at its limit still tells."""
+    line = verdict_line(report)
+    if line is not None:
+        record(line)

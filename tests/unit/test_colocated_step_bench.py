@@ -33,6 +33,20 @@ def test_the_job_is_valid_and_colocated_with_sglang() -> None:
         bench.parse_args(["--mem-fraction", "1.5"])
 
 
+def test_the_checkpoint_never_goes_under_a_model_root_in_dev_shm(tmp_path: Path) -> None:
+    """run.sh keeps its models in /dev/shm, a path the API refuses for checkpoints: the checkpoint
+    directory is its own (a temporary one by default)."""
+    args = bench.parse_args(["--model-root", "/dev/shm/rljob-models"])
+    with pytest.raises(ValueError, match="/dev/shm"):
+        parse_spec(bench.job(args, Path("/m"), args.model_root / "ckpt"))  # what it did before
+    ckpt = bench.checkpoint_dir(args)
+    assert ckpt.is_dir() and not str(ckpt).startswith("/dev/shm")
+    parse_spec(bench.job(args, Path("/m"), ckpt))
+    ckpt.rmdir()
+    given = bench.parse_args(["--checkpoint-dir", str(tmp_path / "c")])
+    assert bench.checkpoint_dir(given) == tmp_path / "c"
+
+
 def test_phase_table_and_fit_verdict() -> None:
     history = [
         {

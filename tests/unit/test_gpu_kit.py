@@ -461,3 +461,29 @@ def test_kit_check_inside(tmp_path: Path) -> None:
     (tmp_path / "site" / "m").mkdir(parents=True)
     assert kit_check.inside(tmp_path / "site" / "m", tmp_path / "site")
     assert not kit_check.inside(tmp_path / "other", tmp_path / "site")
+
+
+@pytest.mark.parametrize(
+    ("limit", "test_timeout", "ok", "expected"),
+    [
+        (600, "900", "1", "--timeout=540"),  # the step's limit less 60 s wins over TEST_TIMEOUT
+        (7200, "900", "1", "--timeout=900"),  # a long step: TEST_TIMEOUT per test
+        (600, "", "1", "--timeout=540"),
+        (600, "900", "", ""),  # no pytest-timeout on the host: nothing added
+        (80, "900", "1", ""),  # too short to leave pytest 30 s
+    ],
+)
+def test_each_step_gives_pytest_a_timeout_inside_its_own_limit(
+    tmp_path: Path, limit: int, test_timeout: str, ok: str, expected: str
+) -> None:
+    """A hung test must fail with pytest's traceback before the step kills the whole command (the
+    GPU suite's steps printed no reason when pytest's timeout was longer than the step's)."""
+    lib = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "host" / "lib.sh"
+    script = (
+        f"OUT={tmp_path}/res; source {lib}; "
+        f"step probe {limit} sh -c 'echo ADDOPTS=[$PYTEST_ADDOPTS]'; cat {tmp_path}/res/logs/probe.log"
+    )
+    env = {"PATH": os.environ["PATH"], "TEST_TIMEOUT": test_timeout, "PYTEST_TIMEOUT_OK": ok}
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f"ADDOPTS=[{expected + ' ' if expected else ''}]" in out.stdout, out.stdout

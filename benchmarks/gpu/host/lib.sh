@@ -43,9 +43,14 @@ step() {  # NAME LIMIT CMD...: run CMD with LIMIT s (x LIMIT_SCALE) into $LOGS/N
     if (( limit < 30 )); then echo "== $name SKIPPED: ${left} s left of BUDGET=$BUDGET" | tee -a "$log"; return 0; fi
   fi
   echo "== $name (limit ${limit} s): $*" >> "$log"
-  local t0 rc
+  local t0 rc per_test addopts=${PYTEST_ADDOPTS:-}
+  # pytest's own per-test limit ends inside the step's, so a hung test fails with its traceback
+  # before the step is killed (run.sh sets PYTEST_TIMEOUT_OK when pytest-timeout is installed)
+  per_test=$(( limit - 60 ))
+  if [ -n "${TEST_TIMEOUT:-}" ] && (( TEST_TIMEOUT < per_test )); then per_test=$TEST_TIMEOUT; fi
+  if [ -n "${PYTEST_TIMEOUT_OK:-}" ] && (( per_test >= 30 )); then addopts="--timeout=$per_test $addopts"; fi
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+  PYTEST_ADDOPTS=$addopts timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
   rc=$?
   echo "== $name rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$log"
   if (( rc != 0 )); then
@@ -90,6 +95,6 @@ sync_models() {  # transport (ipc|nccl), then models
 # benchmark tables and target lines)
 summary() {
   echo "==== summary ($LOGS)"
-  grep -h -E "^(=+ .*(passed|failed|error|skipped).* =+$|FAILED|ERROR |[a-z-]+sglang learned|syncs:|kill:|nccl syncs:|broadcast kill:|resumed:|engine GPU memory|start failures|\| |target|weight sync into|colocated GRPO|trainer resident|does not fit|estimated GPU memory|== .* rc=)" \
+  grep -h -E "^(=+ .*(passed|failed|error|skipped).* =+$|VERDICT |FAILED|ERROR |[a-z-]+sglang learned|syncs:|kill:|nccl syncs:|broadcast kill:|resumed:|engine GPU memory|start failures|\| |target|weight sync into|colocated GRPO|trainer resident|does not fit|estimated GPU memory|== .* rc=)" \
     "$LOGS"/*.log 2>/dev/null | cut -c1-260 | tail -"${SUMMARY_LINES:-150}"
 }

@@ -28,7 +28,8 @@
 #   modes         MODES ("sync one-step-off buffer2 partial partial-async"), MODE_STEPS (8), MODE_LIMIT
 #                 (900 s per mode), MODE_ARGS (e.g. "--transport disk"), DIAG=1 (every thread's stack each
 #                 60 s, processes and GPUs each 15 s, the engines' and Ray's logs kept)
-#   tests         TEST_TIMEOUT (900 s per test, when pytest-timeout is installed), TESTS_LIMIT (7200 s)
+#   tests         TEST_TIMEOUT (per test, when pytest-timeout is installed: 900 s, and always 60 s less
+#                 than its step's limit, so a hung test fails with its traceback), TESTS_LIMIT (7200 s)
 set -uo pipefail
 SUITE=${1:-}
 [ $# -gt 0 ] && shift
@@ -48,9 +49,9 @@ step kit 120 python3 benchmarks/gpu/host/kit_check.py
 NGPU=$(gpu_count)
 echo "GPUs visible: $NGPU"
 G=tests/gpu
-TIMEOUT_OPT=()
-python3 -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout "${TEST_TIMEOUT:-900}")
-PYTEST=(python3 -m pytest -q -s -p no:cacheprovider "${TIMEOUT_OPT[@]}")
+# each pytest step gets --timeout: its limit less 60 s, at most TEST_TIMEOUT (lib.sh's step)
+python3 -c "import pytest_timeout" 2>/dev/null && export PYTEST_TIMEOUT_OK=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900}
+PYTEST=(python3 -m pytest -q -s -p no:cacheprovider)
 two_gpus() {  # NAME: whether a step that needs two GPUs can run here
   (( NGPU >= 2 )) && return 0
   _selected "$1" && echo "== $1 SKIPPED: needs two GPUs, $NGPU visible" | tee -a "$LOGS/$1.log"
