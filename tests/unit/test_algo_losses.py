@@ -73,6 +73,16 @@ def test_tis_weights_and_metrics() -> None:
     assert loss.item() == pytest.approx(-3.5 / 3)
     assert m["tis_weight_mean"].item() == pytest.approx(3.5 / 3)
     assert m["tis_clipfrac"].item() == pytest.approx(1 / 3)
+    # the engine/trainer mismatch: mean |old - rollout| = (log 3 + log 2 + 0) / 3, with TIS or without
+    diff = (torch.log(torch.tensor(3.0)) + torch.log(torch.tensor(2.0))).item() / 3
+    assert m["rollout_logp_abs_diff"].item() == pytest.approx(diff)
+    plain = AlgorithmSpec(lossReduction="token")
+    _, m = policy_loss(
+        plain, old.clone(), old, torch.ones(1, 3), torch.tensor([[1.0, 1.0, 0.0]]), rollout_logp=rollout
+    )
+    assert m["rollout_logp_abs_diff"].item() == pytest.approx(diff * 3 / 2)  # the masked token is left out
+    _, m = policy_loss(plain, old.clone(), old, torch.ones(1, 3), torch.ones(1, 3))
+    assert "rollout_logp_abs_diff" not in m
     with pytest.raises(ValueError, match="rollout log-probs"):
         policy_loss(spec, old, old, torch.ones(1, 3), torch.ones(1, 3))
 

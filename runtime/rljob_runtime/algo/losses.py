@@ -83,6 +83,11 @@ def policy_loss(
     ratio = torch.exp(lr)
     pg, clipped, dual = clipped_pg(ratio, advantages.detach(), spec.eps_clip, eps_high, spec.eps_clip_c)
     metrics: Metrics = {}
+    if rollout_logp is not None:
+        # How far the trainer's log-probs of the sampled tokens are from the engine's: ~0 when the
+        # engine serves the trainer's weights and computes as it does; stale or wrong weights, or a
+        # sampling setting one side ignores (temperature), show here first.
+        metrics["rollout_logp_abs_diff"] = masked_mean((old_logp - rollout_logp).abs().detach(), mask)
     if spec.tis.enabled:
         if rollout_logp is None:
             raise ValueError("algorithm.tis.enabled needs the rollout log-probs")
