@@ -1,7 +1,7 @@
 """How many requests the rollout client keeps in flight: what the engines say they run at once.
 
-At a fixed 512 per engine, one SGLang engine that runs 2048 requests at once made about half its
-tokens/s on a rollout of 2048 requests (docs/BENCHMARKS.md). The key read is checked against SGLang's
+At a fixed 512 per engine the runtime's path made about half of stock SGLang's tokens/s on a
+rollout of 2048 requests that stock sent all at once (the GPU rollout issue's figures). The key read is checked against SGLang's
 source in test_sglang_contract.py; the hf server's answer in tests/integration/test_rollout_manager.py.
 """
 
