@@ -46,19 +46,18 @@ requests, output tokens, seconds of each run, tok/s best and median, ratio to th
 the target lines ``runtime/stock >= 0.95: met|missed (...)`` and, with ``--json``, everything.
 Exit status 1 only if a mode failed (the other modes' figures are still printed).
 
-One invocation per model and engine kind keeps each under ~8 minutes on an H100 (SGLang starts
-twice, ~150 s each cold; the hf engine's runs are the slow part); ``--stock-from`` gives the hf
-invocation the ratio to the stock figures of the one before. The model directory is reused.
+At the defaults (2048 requests, 3 runs, both workloads) each mode takes several minutes with its
+server's start, so ``run.sh rollout`` runs stock and runtime as separate invocations, the second
+with ``--stock-from`` (the ratio to the stock rows of the first). The hf engine is about 10x
+slower: give mode hf its own, smaller stock run (the same ``--prompts``). The model directory is reused.
 
     # on the GPU machine (kit installed, e.g. CUDA_VISIBLE_DEVICES=0)
-    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock runtime --also-concurrency 512 \\
-        --model-root /dev/shm/rljob-models --json t-0.5b.json
-    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes hf --stock-from t-0.5b.json \\
+    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock \\
+        --model-root /dev/shm/rljob-models --json t-0.5b-stock.json
+    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes runtime --also-concurrency 512 \\
+        --stock-from t-0.5b-stock.json --model-root /dev/shm/rljob-models --json t-0.5b.json
+    python3 benchmarks/gpu/rollout_throughput.py --model 0.5b --modes stock hf --prompts 256 --runs 2 \\
         --model-root /dev/shm/rljob-models --json t-0.5b-hf.json
-    python3 benchmarks/gpu/rollout_throughput.py --model 1.5b --modes stock runtime \\
-        --model-root /dev/shm/rljob-models --json t-1.5b.json
-    python3 benchmarks/gpu/rollout_throughput.py --model 1.5b --modes hf --stock-from t-1.5b.json \\
-        --model-root /dev/shm/rljob-models --json t-1.5b-hf.json
     # here (no GPU, no SGLang): the whole harness, rljob's hf server standing in for SGLang (~35 s)
     .venv/bin/python benchmarks/gpu/rollout_throughput.py --device cpu --engine hf --tiny
 """
