@@ -5,5 +5,7 @@
 - ``hub`` (the downloads) and ``hub_rules`` (their pure rules and messages): hub ids.
 - ``megatron_cache``: Megatron conversions of a model, one per weights revision.
 - ``tiny_model``: random-weight models with SmolLM2's tokenizer, for tests.
+- ``widen``: a Llama checkpoint widened without changing its function (SmolLM2-135M to ~2B on a host
+  without network: ``python -m rljob_runtime.models.widen SRC DST``).
 - ``cache`` and ``errors``: the floor below them all (cache directories, locks, ModelNotFoundError).
 """
