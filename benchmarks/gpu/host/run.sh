@@ -11,8 +11,9 @@
 #                                              0.5B and 1.5B, 2048 requests, 3 runs each
 #   bash benchmarks/gpu/host/run.sh sync       weight sync into SGLang (IPC on one GPU, NCCL across two)
 #                                              and the driver's GPU sync test (IPC; NCCL with two GPUs)
-#   bash benchmarks/gpu/host/run.sh megatron   the Megatron GPU tests, MFU (1b, 4b, 8b at TP 2), the
-#                                              dynamic-batching benchmark, the colocated 4B GRPO step
+#   bash benchmarks/gpu/host/run.sh megatron   the Megatron GPU tests, a widened 2B SmolLM2 learning, MFU
+#                                              (1b, 4b, 8b at TP 2), the dynamic-batching benchmark, the
+#                                              colocated 4B GRPO step
 #   bash benchmarks/gpu/host/run.sh modes      rollout modes against sync (two GPUs: trainer, engine)
 #   bash benchmarks/gpu/host/run.sh kit        only the kit check
 #
@@ -142,6 +143,8 @@ suite_megatron() {
   step backend 600 "${T[@]}" $G/test_megatron_backend.py
   step group 600 "${T[@]}" $G/test_megatron_group.py
   step equivalence 900 env RLJOB_SMOLLM2_DIR="$RLJOB_CACHE/models/SmolLM2-135M-Instruct" "${T[@]}" $G/test_megatron_equivalence.py
+  # SmolLM2 widened to 1.97B (function kept) learns the demo's task colocated with SGLang, 20 steps
+  step learn-widened-2b 600 "${T[@]}" $G/test_widened_grpo.py
 
   # MFU: random Qwen3-shaped models, seq 4096, the plain-torch fusions; each figure the median of MFU_RUNS
   local MFU=(python3 benchmarks/gpu/megatron_mfu.py --fusions wgrad,norm,rope --runs "${MFU_RUNS:-3}")
