@@ -134,7 +134,7 @@ def test_the_restricted_standard_refuses_a_privileged_operator_pod(crd: Any, tmp
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            events = crd.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+            events = json.dumps(crd.list("events", namespace))
             if "violates PodSecurity" in events:
                 break
             time.sleep(1)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from e2e.kube_http import KubeHTTP
 
 from rljob_api.errors import SpecError
 from rljob_api.resource import API_VERSION, KIND, name_problems, parse_spec, size_problem
@@ -38,38 +39,21 @@ class DryRunApply:
     Status whose message kubectl prints; the tests that read kubectl's own output keep kubectl."""
 
     def __init__(self, kubeconfig: str) -> None:
-        import urllib3
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        self.host = cfg.host
-        self.headers = {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"}
-        if cfg.api_key.get("authorization"):
-            self.headers["Authorization"] = cfg.api_key["authorization"]
-        self.http = urllib3.PoolManager(
-            cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE",
-            ca_certs=cfg.ssl_ca_cert,
-            cert_file=cfg.cert_file,
-            key_file=cfg.key_file,
-        )
+        self.api = KubeHTTP(kubeconfig)
 
     def __call__(self, ns: str, obj: dict[str, Any]) -> tuple[bool, str]:
         """(accepted, the API server's message: empty when accepted)."""
         name = obj["metadata"]["name"]
-        url = (
-            f"{self.host}/apis/{API_VERSION}/namespaces/{ns}/rltrainingjobs/{name}"
-            "?fieldManager=e2e&dryRun=All&force=true"
+        path = f"/apis/{API_VERSION}/namespaces/{ns}/rltrainingjobs/{name}?fieldManager=e2e&dryRun=All&force=true"
+        status, data = self.api.request(
+            "PATCH", path, body=json.dumps(obj).encode(), content_type="application/apply-patch+yaml"
         )
-        resp = self.http.request(
-            "PATCH", url, body=json.dumps(obj).encode(), headers=self.headers, timeout=60
-        )
-        if resp.status < 300:
+        if status < 300:
             return True, ""
         try:
-            return False, str(json.loads(resp.data).get("message", ""))
+            return False, str(json.loads(data).get("message", ""))
         except ValueError:
-            return False, resp.data.decode(errors="replace")
+            return False, data.decode(errors="replace")
 
 
 @pytest.fixture(scope="module")

@@ -146,8 +146,7 @@ def test_the_restricted_standard_refuses_a_host_path_pod(
     crd.apply(_in(namespace, job("hostpath", patch)))
 
     def refused() -> str | None:
-        events = crd.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-        messages = [e.get("message", "") for e in json.loads(events)["items"]]
+        messages = [e.get("message", "") for e in crd.list("events", namespace)]
         return next((m for m in messages if "violates PodSecurity" in m), None)
 
     message = wait_for("a PodSecurity refusal", refused, operator)
