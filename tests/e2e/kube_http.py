@@ -11,6 +11,7 @@ their kind and apiVersion), without `metadata.managedFields` (kubectl hides them
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,25 +120,31 @@ class KubeHTTP:
                 groups.append((version, json.loads(data)["resources"]))
         return groups
 
-    def resource_of(self, api_version: str, kind: str) -> Resource:
-        """The resource of an object's apiVersion and Kind; discovered again once when unknown."""
+    def _find(
+        self, match: Callable[[list[tuple[str, list[dict[str, Any]]]]], Resource | None]
+    ) -> Resource | None:
+        """`match` over discovery; discovered again once when nothing matches (a CRD installed since)."""
         for fresh in (False, True):
             if self._groups is None or fresh:
                 self._groups = self._discover()
-            found = resource_for_kind(api_version, kind, self._groups)
+            found = match(self._groups)
             if found:
                 return found
-        raise LookupError(f'no matches for kind "{kind}" in version "{api_version}"')
+        return None
+
+    def resource_of(self, api_version: str, kind: str) -> Resource:
+        """The resource of an object's apiVersion and Kind."""
+        found = self._find(lambda groups: resource_for_kind(api_version, kind, groups))
+        if found is None:
+            raise LookupError(f'no matches for kind "{kind}" in version "{api_version}"')
+        return found
 
     def resource(self, kind: str) -> Resource:
-        """`kind` resolved by discovery; discovered again once when unknown (a CRD installed since)."""
-        for fresh in (False, True):
-            if self._groups is None or fresh:
-                self._groups = self._discover()
-            found = matching_resource(kind, self._groups)
-            if found:
-                return found
-        raise LookupError(f'the server doesn\'t have a resource type "{kind}"')
+        """`kind` resolved by discovery as kubectl resolves it."""
+        found = self._find(lambda groups: matching_resource(kind, groups))
+        if found is None:
+            raise LookupError(f'the server doesn\'t have a resource type "{kind}"')
+        return found
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
