@@ -90,17 +90,34 @@ class Turns:
         if self.offload:
             metrics.update(self.memory(name))
 
+    def after_save(self) -> Metrics:
+        """The memory a checkpoint save left (the save stages the trainer's state on the host),
+        recorded as the ``save`` phase; nothing when the trainer does not take turns."""
+        return self.memory("save") if self.offload else {}
+
     def memory(self, phase: str) -> Metrics:
-        """GB of GPU memory each side holds now: the trainer ranks' reserved memory (summed) and the
-        engines' processes (summed, from NVML); and the trainer ranks' peak reserved during the phase
-        (the largest rank's)."""
-        ranks = self.trainer.gpu_memory()
+        """GB each side holds now. GPU: the trainer ranks' reserved memory (summed), the largest
+        rank's peak reserved during the phase, and the engines' processes (summed, from NVML). Host
+        (``host_memory``): the trainer ranks' RSS (summed), the largest rank's peak RSS during the
+        phase, and the fullest node's or container's used memory against its limit (what the pod's
+        limit and Ray's memory monitor act on)."""
+        ranks = self.trainer.memory_use()
         trainer = sum(m.get("reserved_gb", 0.0) for m in ranks)
         peak = max((m.get("peak_reserved_gb", 0.0) for m in ranks), default=0.0)
         per_engine = self.rollout.engine_gpu_memory_gb() if self.rollout is not None else []
         engines = sum(per_engine) if all(gb >= 0 for gb in per_engine) else -1.0  # -1: NVML cannot tell
-        return {
+        out = {
             f"memory/{phase}/trainer_gb": trainer,
             f"memory/{phase}/trainer_peak_gb": peak,
             f"memory/{phase}/engines_gb": engines,
         }
+        hosts = [m for m in ranks if "host_rss_gb" in m]
+        if hosts:
+            fullest = max(hosts, key=lambda m: m["host_used_gb"] / max(m["host_limit_gb"], 1e-9))
+            out |= {
+                f"memory/{phase}/trainer_host_rss_gb": sum(m["host_rss_gb"] for m in hosts),
+                f"memory/{phase}/trainer_host_peak_rss_gb": max(m["host_peak_rss_gb"] for m in hosts),
+                f"memory/{phase}/host_used_gb": fullest["host_used_gb"],
+                f"memory/{phase}/host_limit_gb": fullest["host_limit_gb"],
+            }
+        return out

@@ -274,6 +274,7 @@ def _step(
         with source.quiet() as buffers:
             path = save_checkpoint(prepared, trainer, done, rng, buffers)
         metrics["time/save"] = time.perf_counter() - t0
+        metrics.update(turns.after_save())
         if path is not None:
             checkpoint = (done, str(path))
             result.last_checkpoint = str(path)

@@ -41,14 +41,14 @@ def test_streamed_optimizer_step_equals_the_resident_one(tmp_path: Path) -> None
             t.copy_(s)
     rank.step = step
     torch.cuda.synchronize()
-    resident_gb = rank.gpu_memory()["allocated_gb"]  # the clones above included: measured just before
+    resident_gb = rank.memory_use()["allocated_gb"]  # the clones above included: measured just before
 
     # Small chunks, so the tiny model's step is several chunks (as a 4B's is with 2 GiB ones).
     offload = OptimizerStateOffload(rank.optimizer, chunk_bytes=1 << 20).install()
     rank.optimizer_offload = offload
     torch.cuda.synchronize()
     state_bytes = offload.host_bytes()
-    offloaded_gb = rank.gpu_memory()["allocated_gb"]
+    offloaded_gb = rank.memory_use()["allocated_gb"]
     print(
         f"resident {resident_gb:.3f} GB, state offloaded {offloaded_gb:.3f} GB, "
         f"{state_bytes / 1e9:.3f} GB of state in {len(offload.chunks())} chunks",

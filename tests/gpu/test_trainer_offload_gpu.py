@@ -93,7 +93,7 @@ def test_offload_frees_the_gpu_and_the_next_step_is_the_same(backend: str, tmp_p
             t.copy_(s)
     rank.step = step
     torch.cuda.synchronize()
-    resident = rank.gpu_memory()
+    resident = rank.memory_use()
     offloaded = rank.offload()
     back = rank.onload()
     print(f"{backend}: resident {resident}, offloaded {offloaded}, back {back}", flush=True)

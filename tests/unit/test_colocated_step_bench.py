@@ -73,3 +73,41 @@ def test_phase_table_and_fit_verdict() -> None:
     assert bench.fit_line(history, 141.0).endswith("they would fit at once")
     history[0]["memory/resume_engine_kv/engines_gb"] = -1.0
     assert "unknown" in bench.fit_line(history, 80.0)
+
+
+def test_host_memory_columns_and_the_run_s_highest_host_figures() -> None:
+    save = {
+        "time/save": 40.0,
+        "memory/save/trainer_gb": 29.0,
+        "memory/save/trainer_host_rss_gb": 12.0,
+        "memory/save/trainer_host_peak_rss_gb": 70.5,
+        "memory/save/host_used_gb": 80.0,
+        "memory/save/host_limit_gb": 128.0,
+    }
+    offload = {
+        "time/offload_trainer": 0.2,
+        "memory/offload_trainer/trainer_host_peak_rss_gb": 50.0,
+        "memory/offload_trainer/host_used_gb": 95.0,
+        "memory/offload_trainer/host_limit_gb": 128.0,
+    }
+    history = [{"step": 3.0, **save, **offload}]
+    table = bench.phase_table(history)
+    assert "| 3 | save | 40.00 | 29.0 |  |  | 12.0 | 70.5 | 80.0 / 128.0 |" in table
+    assert table.index("| save |") < table.index("| offload_trainer |")
+    assert bench.host_line(history) == (
+        "host memory: trainer rank RSS peak 70.5 GB; host used at most 95.0 GB of 128.0 GB (74%, read after each phase)"
+    )
+    assert bench.host_line([{"step": 1.0, "time/generate": 1.0}]) == "host memory: not recorded"
+
+
+def test_the_resumed_run_needs_the_first_run_s_checkpoint_and_trains_on_without_a_second_save() -> None:
+    args = bench.parse_args(["--model", "4b", "--backend", "megatron", "--steps", "3", "--resume-steps", "1"])
+    spec = parse_spec(bench.resume_job(args, Path("/m"), Path("/ckpt")))
+    assert spec.checkpoint.resume == "required" and spec.checkpoint.path == "/ckpt"
+    assert spec.training.num_rollout == 5  # 3 done + 1 trained + 1 it stops before (no second save)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--resume-steps", "-1"])
+    with pytest.raises(SystemExit):  # a resume alone must name the earlier run's checkpoint
+        bench.parse_args(["--resume-only", "--resume-steps", "1"])
+    only = bench.parse_args(["--resume-only", "--resume-steps", "1", "--checkpoint-dir", "/tmp/c"])
+    assert only.resume_only and bench.checkpoint_dir(only) == Path("/tmp/c")

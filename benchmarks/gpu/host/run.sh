@@ -25,7 +25,8 @@
 #   sglang, sync  MODEL_ROOT (/dev/shm/rljob-models), SYNC_MODELS ("4b 0.5b 1.5b"),
 #                 SYNC_BUCKETS_MB (more 4b runs at these bucket sizes, e.g. "1024 2048"), SYNC_ARGS
 #   megatron      MFU_RUNS (3), MFU_ARGS (added to every MFU run), RECOMPUTE_LAYERS (the chunked-head 4b:
-#                 recompute only the first K layers; default all)
+#                 recompute only the first K layers; default all), C4B_CKPT (the colocated 4B's checkpoint
+#                 directory, /tmp/rljob-colocated-4b-ckpt: about 64 GB free needed there)
 #   modes         MODES ("sync one-step-off buffer2 partial partial-async"), MODE_STEPS (8), MODE_LIMIT
 #                 (900 s per mode), MODE_ARGS (e.g. "--transport disk"), DIAG=1 (every thread's stack each
 #                 60 s, processes and GPUs each 15 s, the engines' and Ray's logs kept)
@@ -182,7 +183,11 @@ suite_megatron() {
   # Qwen3-4B's shape colocated with a stock SGLang engine on one GPU, the optimizer state streamed from the
   # host: the memory of every phase; then a layout that cannot fit, refused with its estimate
   local C=(python3 benchmarks/gpu/colocated_step.py --model 4b --backend megatron --mem-fraction 0.6 --model-root "$MODEL_ROOT")
-  step colocated-4b 900 "${C[@]}" --steps 3 --offload-optimizer --json "$J/colocated-4b-offload.json"
+  # three steps and the final save (a 4B with its Adam state: 64 GB on disk), then a run resuming from it
+  local CK="${C4B_CKPT:-/tmp/rljob-colocated-4b-ckpt}"
+  step colocated-4b 600 "${C[@]}" --steps 3 --offload-optimizer --checkpoint-dir "$CK" --json "$J/colocated-4b-offload.json"
+  step colocated-4b-resume 600 "${C[@]}" --steps 3 --offload-optimizer --checkpoint-dir "$CK" --resume-only --resume-steps 1 \
+    --json "$J/colocated-4b-resume.json"
   step colocated-4b-refused 300 "${C[@]}" --steps 1 --response-len 4096 --no-recompute --json "$J/colocated-4b-refused.json"
 }
 

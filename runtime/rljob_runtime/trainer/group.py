@@ -334,8 +334,8 @@ class TrainerGroup:
     def onload(self) -> list[dict[str, float]]:
         return _gather(self._submit(lambda: [a.onload.remote() for a in self.actors]))
 
-    def gpu_memory(self) -> list[dict[str, float]]:
-        return _gather(self._submit(lambda: [a.gpu_memory.remote() for a in self.actors]))
+    def memory_use(self) -> list[dict[str, float]]:
+        return _gather(self._submit(lambda: [a.memory_use.remote() for a in self.actors]))
 
     def save(self, path: str) -> None:
         _gather(self._submit(lambda: [a.save.remote(str(path)) for a in self.actors]))

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..host_memory import read_host_memory
+
 Tensors = Callable[[], Iterable[torch.Tensor | None]]
 
 
@@ -193,19 +195,24 @@ class Offloadable:
         """The rank's parameters, gradients and optimizer state to pinned CPU memory."""
         started, offloader = time.perf_counter(), self._offloader_ready()
         moved = offloader.offload() if offloader is not None else 0
-        return {**self.gpu_memory(), "bytes": float(moved), "seconds": time.perf_counter() - started}
+        return {**self.memory_use(), "bytes": float(moved), "seconds": time.perf_counter() - started}
 
     def onload(self) -> dict[str, float]:
         started, offloader = time.perf_counter(), self._offloader_ready()
         moved = offloader.onload() if offloader is not None else 0
-        return {**self.gpu_memory(), "bytes": float(moved), "seconds": time.perf_counter() - started}
+        return {**self.memory_use(), "bytes": float(moved), "seconds": time.perf_counter() - started}
 
-    def gpu_memory(self) -> dict[str, float]:
-        """GB allocated and reserved now, and the peak reserved since the previous call (each call
-        starts a new peak: the colocated turns read it after every phase)."""
+    def memory_use(self) -> dict[str, float]:
+        """GPU GB allocated and reserved now, and the peak reserved since the previous call; host GB
+        (``host_memory``): this rank's RSS and its peak since the previous call, and the container's
+        (or node's) used and limit. Each call starts new peaks: the colocated turns read it after
+        every phase."""
+        host = read_host_memory()
+        host_metrics = host.as_metrics() if host is not None else {}
         if self.device.type != "cuda":
-            return {"allocated_gb": 0.0, "reserved_gb": 0.0, "peak_reserved_gb": 0.0}
+            return {"allocated_gb": 0.0, "reserved_gb": 0.0, "peak_reserved_gb": 0.0, **host_metrics}
         out = {
+            **host_metrics,
             "allocated_gb": torch.cuda.memory_allocated(self.device) / 1e9,
             "reserved_gb": torch.cuda.memory_reserved(self.device) / 1e9,
             "peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 1e9,
