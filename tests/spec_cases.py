@@ -118,6 +118,27 @@ RULE_CASES = [
         {"training": {"megatronArgs": {"overlap-grad-reduce": ""}}},
     ),
     Case(
+        "fusions-torch-backend",
+        {"training": {"backend": "torch", "fusions": ["wgrad"]}},
+        "spec.training.fusions",
+        "not supported by this runtime yet: training.fusions with training.backend torch",
+        {"training": {"fusions": ["wgrad"]}},
+    ),
+    Case(
+        "lm-head-torch-backend",
+        {"training": {"backend": "torch", "lmHead": "full"}},
+        "spec.training.lmHead",
+        "not supported by this runtime yet: training.lmHead with training.backend torch",
+        {"training": {"lmHead": "full"}},
+    ),
+    Case(
+        "fusions-named-once",
+        {"training": {"fusions": ["norm", "norm"]}},
+        "spec.training.fusions",
+        "fusions names each fusion once",
+        {"training": {"fusions": ["norm"]}},
+    ),
+    Case(
         "megatron-args-unknown-option",
         {"training": {"megatronArgs": {"overlap-grad-reduce": "", "use-distributed-optimizer": ""}}},
         "spec.training.megatronArgs",

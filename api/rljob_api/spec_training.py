@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
@@ -104,6 +104,16 @@ MEGATRON_ARG_VALUES: dict[str, str | tuple[str, ...]] = {
     "recompute-num-layers": "int",
 }
 MEGATRON_BOOL_VALUES = ("", "true", "false")
+
+# training.fusions: the megatron backend's plain-torch model fusions (trainer/megatron/fusions.py takes its
+# FUSIONS from here). All on when the field is unset: each was measured faster and smaller on GPU and
+# checked no farther from an fp32 reference than the unfused model (docs/BENCHMARKS.md), and
+# Megatron-LM turns its own counterparts on by default.
+Fusion = Literal["swiglu", "wgrad", "norm", "rope"]
+MEGATRON_FUSIONS: tuple[str, ...] = get_args(Fusion)
+DEFAULT_FUSIONS: tuple[str, ...] = MEGATRON_FUSIONS
+LMHead = Literal["chunked", "full"]
+DEFAULT_LM_HEAD: str = "chunked"
 MEGATRON_INT_PATTERN = "^[1-9][0-9]{0,9}$"  # RE2 (CEL matches) and Python re alike
 
 
@@ -193,6 +203,12 @@ class TrainingSpec(ApiModel):
         ),
         *_megatron_arg_rules(),
         Rule(
+            cel="!has(self.fusions) || self.fusions.all(f, self.fusions.exists_one(g, g == f))",
+            message="fusions names each fusion once",
+            field=".fusions",
+            check=lambda t: t.fusions is None or len(set(t.fusions)) == len(t.fusions),
+        ),
+        Rule(
             cel="!self.dynamicBatch.enabled || self.microBatchSize == 1",
             message="training.microBatchSize is not used with training.dynamicBatch.enabled (maxTokensPerGpu "
             "sizes the micro-batches): leave it 1, or turn dynamicBatch off",
@@ -247,3 +263,30 @@ class TrainingSpec(ApiModel):
         "(uniform or block) and recompute-num-layers (with recompute-granularity full; default uniform, 1 "
         "layer); the recompute options only with recomputeActivations false. training.backend megatron only.",
     )
+    fusions: Annotated[list[Fusion], Field(max_length=len(MEGATRON_FUSIONS))] | None = Field(
+        default=None,
+        description="megatron backend: the fusions its model is built with, plain torch (no TransformerEngine "
+        "or apex): swiglu (megatron-core's compiled SwiGLU, which also keeps fewer activations), wgrad "
+        "(Megatron's gradient-accumulation fusion: each linear's weight gradient accumulated by its GEMM "
+        "straight into the fp32 main gradient), norm (a compiled RMSNorm) and rope (a compiled RoPE). Unset: "
+        "all four on GPUs; [] builds the model unfused. The compiled ones (swiglu, norm, rope) compile on each "
+        "trainer rank's first steps (seconds to tens of seconds, again after a trainer restart). "
+        "training.backend megatron only.",
+    )
+    lm_head: LMHead | None = Field(
+        default=None,
+        description="megatron backend: how the log-probs and entropy of the response tokens come from the "
+        "last hidden states. chunked (unset: the default): their logits a chunk of tokens at a time in fp32 "
+        "(about 256 MiB per chunk), recomputed in backward, never the whole [tokens, vocabulary] tensor, and "
+        "none for prompt or padding positions; full: Megatron's output layer over every position, then "
+        "log-softmax and entropy over the response tokens' logits. The same values up to fp32 rounding. "
+        "training.backend megatron only.",
+    )
+
+    def megatron_fusions(self) -> tuple[str, ...]:
+        """The fusions the megatron backend builds with: training.fusions, or the default when unset."""
+        return DEFAULT_FUSIONS if self.fusions is None else tuple(self.fusions)
+
+    def chunked_lm_head(self) -> bool:
+        """Whether the megatron backend uses the chunked LM head: training.lmHead, or the default."""
+        return (self.lm_head or DEFAULT_LM_HEAD) == "chunked"

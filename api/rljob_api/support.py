@@ -211,6 +211,20 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         supported=lambda s: not s.training.megatron_args or s.training.backend == "megatron",
     ),
     Limit(
+        field=".training.fusions",
+        what="training.fusions with training.backend torch (they are the megatron backend's model fusions)",
+        instead="use training.backend megatron, or remove it",
+        cel="!has(self.training.fusions) || self.training.backend == 'megatron'",
+        supported=lambda s: s.training.fusions is None or s.training.backend == "megatron",
+    ),
+    Limit(
+        field=".training.lmHead",
+        what="training.lmHead with training.backend torch (it is the megatron backend's LM head)",
+        instead="use training.backend megatron, or remove it",
+        cel="!has(self.training.lmHead) || self.training.backend == 'megatron'",
+        supported=lambda s: s.training.lm_head is None or s.training.backend == "megatron",
+    ),
+    Limit(
         field=".training.parallelism.expert",
         what="training.parallelism.expert above 1 (MoE needs TransformerEngine)",
         instead="leave it 1",

@@ -5,6 +5,14 @@ Qwen3-style weights, bf16 params with fp32 main params / grads, Megatron DDP + d
 sequence length 4096, micro-batch 1 (one sequence; ``--micro-batch-size``), next-token cross-entropy on
 random tokens.
 
+The model, DDP, optimizer and LM head are built as a job builds them: the options become an
+RLTrainingJob spec (``spec_document``: training.fusions, lmHead, recomputeActivations, megatronArgs,
+offloadOptimizer, parallelism.tensor, microBatchSize) and the megatron backend's own
+``model_options`` + ``build_policy`` build from it, so a figure is what a job with those fields gets
+(recorded as ``spec_training``). ``--from-spec job.yaml`` takes those fields from a job's manifest
+instead (its defaults included: unset fusions are all four, an unset lmHead is chunked).
+
+    python3 benchmarks/gpu/megatron_mfu.py --models 1b --from-spec examples/manifests/grpo-job.yaml
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --recompute none --json /tmp/mfu.json
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --profile --json /tmp/mfu.json  # + kernel breakdown
     python3 benchmarks/gpu/megatron_mfu.py --models 1b --ce-fusion --grad-dtype bf16 --json /tmp/mfu.json
@@ -69,11 +77,12 @@ Options beyond the defaults (each recorded in the result):
   too slow to keep the GPU busy with one 4,096-token sequence at a time.
 - ``--recompute-layers K`` (with ``--recompute full``): recompute the first K layers only and keep
   the others' activations (Megatron's "block" method); without it every layer is recomputed.
-- ``--lm-head chunked``: the model returns its final hidden states and the loss comes from
-  ``trainer/megatron/lm_head.py``'s ``chunked_token_logprobs``: logits one chunk of tokens at a time
-  (fp32, about 256 MiB), recomputed in backward, never the whole [tokens, vocab] tensor (1.2 GiB bf16
-  per 4,096 tokens at a 151,936 vocab, and several fp32 copies in the cross-entropy). Excludes
-  ``--ce-fusion``. MFU does not count the head's recomputed GEMM.
+- ``--lm-head chunked`` (training.lmHead chunked): the model returns its final hidden states and the
+  loss comes from ``trainer/megatron/lm_head.py``'s ``ChunkedHead`` (what the job's ``token_stats``
+  calls): logits one chunk of tokens at a time (fp32, about 256 MiB), recomputed in backward, never
+  the whole [tokens, vocab] tensor (1.2 GiB bf16 per 4,096 tokens at a 151,936 vocab, and several fp32
+  copies in the cross-entropy); with the wgrad fusion the head's weight gradient goes straight into
+  its fp32 main_grad. Excludes ``--ce-fusion``. MFU does not count the head's recomputed GEMM.
 - ``--profile``: after the timed steps, one more step under ``torch.profiler`` (CPU + CUDA): the
   top 25 GPU kernels by total GPU time, GPU time by category (``profile_summary.py``), and
   the GPU idle fraction = 1 - GPU busy time / step wall time (launch overhead, host-side work).
@@ -262,47 +271,38 @@ def first_line(err: BaseException) -> str:
 
 def run_model(
     name: str,
+    spec: Any,
     seq: int,
     steps: int,
     warmup: int,
-    recompute: str | None,
     peak: float,
     attention: str,
     micro_batches: int,
     sdpa_backend: str,
-    swiglu: str,
     *,
     ce_fusion: bool = False,
     grad_dtype: str = "fp32",
     memory_limit_gib: float | None = None,
     profile: bool = False,
-    fusions: tuple[str, ...] = (),
     fused_adam: bool = True,
-    micro_batch_size: int = 1,
-    recompute_layers: int | None = None,
-    lm_head: str = "full",
-    offload_optimizer: bool = False,
     runs: int = 1,
-    tp: int = 1,
 ) -> dict[str, Any]:
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    """Time ``name``'s model as a job with ``spec`` trains it: built by the megatron backend's own
+    ``model_options`` + ``build_policy`` (fusions, LM head, recompute, megatronArgs, offloadOptimizer,
+    the tensor size and micro-batch size all from ``spec.training``). ``attention``, ``grad_dtype``,
+    ``fused_adam`` and ``ce_fusion`` are the comparisons the spec has no field for."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from rljob_runtime.trainer.megatron.fusions import use_fused_adam
-    from rljob_runtime.trainer.megatron.lm_head import (
-        chunked_token_logprobs,
-        output_weight,
-        return_hidden_states,
-    )
-    from rljob_runtime.trainer.megatron.model import build_gpt_model, causal_mask, init_model_parallel
+    from rljob_runtime.trainer.megatron.model import causal_mask, init_model_parallel, unwrap
+    from rljob_runtime.trainer.megatron.policy import build_policy, model_options
 
     if grad_dtype not in GRAD_DTYPES:
         raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {grad_dtype!r}")
+    training = spec.training
+    tp, micro_batch_size = training.parallelism.tensor, training.micro_batch_size
+    options = model_options(spec)
+    if ce_fusion and options.chunked_head:
+        raise ValueError("the chunked LM head computes its own cross-entropy: drop --ce-fusion")
     shape = model_shape(MODELS[name])
     world = dist.get_world_size()
     par = validate_parallelism(shape, tp=tp, gpus=world)
@@ -311,53 +311,25 @@ def run_model(
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, memory_limit_gib * 2**30 / total))
     torch.cuda.reset_peak_memory_stats()
-    model = build_gpt_model(
+    # The job's path: the same builder MegatronTrainerRank._build calls, with random weights.
+    policy = build_policy(
+        spec,
+        options,
         shape,
         par,
         dtype=torch.bfloat16,
-        recompute=recompute,  # type: ignore[arg-type]
+        device=torch.device("cuda", torch.cuda.current_device()),
         attention=attention,  # type: ignore[arg-type]
-        fusions=model_fusions(swiglu, fusions),
-        recompute_layers=recompute_layers,
+        grad_reduce_in_fp32=grad_dtype == "fp32",
+        fused_adam=fused_adam,
     )
-    if lm_head == "chunked":
-        return_hidden_states(model)
-    gpt = model  # the GPTModel under the DDP wrapper: its output weight feeds the chunked head
+    model, optimizer, offload, head = policy.model, policy.optimizer, policy.offload, policy.head
     if ce_fusion:
         # TransformerConfig fields (from ModelParallelConfig) that nothing checks at build time:
         # LanguageModule.compute_language_model_loss reads them at every call, so setting them on
         # the built model's config (the one object GPTModel and the DDP wrapper share) is enough.
-        model.config.cross_entropy_loss_fusion = True
-        model.config.cross_entropy_fusion_impl = "native"
-    # grad_reduce_in_fp32: the dtype of DDP's grad buffer (accumulation over micro-batches and the
-    # reduce); False keeps it in the params' bf16. Main params and Adam state are fp32 either way.
-    ddp = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=grad_dtype == "fp32", use_distributed_optimizer=True
-    )
-    model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam",
-            lr=1e-5,
-            bf16=True,
-            params_dtype=torch.bfloat16,
-            clip_grad=1.0,
-            use_distributed_optimizer=True,
-        ),
-        [model],
-        use_gloo_process_groups=False,
-    )
-    if fused_adam:
-        use_fused_adam(optimizer)
-    offload = None
-    if offload_optimizer:  # training.offloadOptimizer: main params + moments streamed from the host
-        from rljob_runtime.trainer.megatron.optimizer_offload import OptimizerStateOffload
-
-        offload = OptimizerStateOffload(optimizer).install()
-    config = model.module.config
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = model.no_sync
+        unwrap(model).config.cross_entropy_loss_fusion = True
+        unwrap(model).config.cross_entropy_fusion_impl = "native"
     vocab = shape.vocab_size
     gen = torch.Generator(device="cuda").manual_seed(0)
     mask = causal_mask(seq, "cuda")
@@ -365,9 +337,9 @@ def run_model(
 
     def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         ids = torch.randint(0, vocab, (micro_batch_size, seq + 1), device="cuda", generator=gen)
-        if lm_head == "chunked":
+        if head is not None:  # the chunked LM head, as the job's token_stats calls it
             hidden = chunk(ids[:, :-1], positions, mask)  # [b, s, h]: the output layer is the identity
-            logp = chunked_token_logprobs(hidden, output_weight(gpt), ids[:, 1:], vocab_size=vocab)
+            logp, _ = head(hidden, ids[:, 1:], vocab_size=vocab)
             losses = -logp  # [b, s] per-token CE
         else:
             losses = chunk(ids[:, :-1], positions, mask, labels=ids[:, 1:])  # [b, s] per-token CE
@@ -446,16 +418,20 @@ def run_model(
         "micro_batch_size": micro_batch_size,
         "attention": attention,
         "sdpa_backend": chosen,
-        "swiglu": swiglu,
-        "fusions": sorted(model_fusions(swiglu, fusions)),
+        "swiglu": "fused" if "swiglu" in options.fusions else "unfused",
+        "fusions": sorted(options.fusions),
         "fused_adam": fused_adam,
-        "recompute": recompute,
-        "recompute_layers": recompute_layers,
-        "lm_head": lm_head,
+        "recompute": recompute_mode(spec),
+        "recompute_layers": options.megatron.transformer.get("recompute_num_layers")
+        if options.megatron.transformer.get("recompute_method") == "block"
+        else None,
+        "lm_head": "chunked" if options.chunked_head else "full",
         "ce_fusion": ce_fusion,
         "grad_dtype": grad_dtype,
         "memory_limit_gib": memory_limit_gib,
-        "offload_optimizer": offload_optimizer,
+        "offload_optimizer": training.offload_optimizer,
+        # what a job sets to train this way: the spec's training fields the build read
+        "spec_training": spec_training_fields(spec),
         "runs": runs,
         "step_s_runs": [round(w[0], 4) for w in windows],
         "mfu_runs": [round(flops_per_token * step_tokens / w[0] / (peak * world * 1e12), 4) for w in windows],
@@ -501,6 +477,101 @@ def host_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "load1": round(load[0], 2),
         "gpu": torch.cuda.get_device_name(),
+    }
+
+
+# ----------------------------------------------------------------- the job's spec (pure: no megatron-core)
+
+
+def spec_document(args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """The RLTrainingJob spec of a job that trains as these options ask (its training section is what
+    the build reads; model and data are placeholders: the model is ``--models``' random one):
+    --swiglu/--fusions -> training.fusions, --lm-head -> lmHead, --recompute full -> recomputeActivations
+    (with --recompute-layers K: megatronArgs recompute-granularity full, recompute-method block,
+    recompute-num-layers K, Megatron's names for the first K layers), --recompute selective ->
+    megatronArgs recompute-granularity selective, --offload-optimizer -> offloadOptimizer, --tp ->
+    parallelism.tensor, --micro-batch-size -> microBatchSize; a step's sequences are globalBatchSize."""
+    if world % args.tp:
+        raise ValueError(f"--tp {args.tp} does not divide the {world} ranks")
+    step_samples = args.micro_batches * args.micro_batch_size * (world // args.tp)
+    megatron_args: dict[str, str] = {}
+    if args.recompute == "selective":
+        megatron_args["recompute-granularity"] = "selective"
+    elif args.recompute == "full" and args.recompute_layers is not None:
+        megatron_args.update(
+            {
+                "recompute-granularity": "full",
+                "recompute-method": "block",
+                "recompute-num-layers": str(args.recompute_layers),
+            }
+        )
+    training: dict[str, Any] = {
+        "backend": "megatron",
+        "globalBatchSize": step_samples,
+        "microBatchSize": args.micro_batch_size,
+        "parallelism": {"tensor": args.tp},
+        "optimizer": {"lr": 1e-5, "clipGrad": 1.0},
+        "fusions": sorted(model_fusions(args.swiglu, args.fusions)),
+        "lmHead": args.lm_head,
+        "recomputeActivations": args.recompute == "full" and args.recompute_layers is None,
+        "megatronArgs": megatron_args,
+        "offloadOptimizer": args.offload_optimizer,
+    }
+    return {
+        "model": {"path": "/benchmark/model", "dtype": "bfloat16"},
+        "data": {"path": "/benchmark/prompts.jsonl"},
+        "rollout": {"batchSize": step_samples, "nSamplesPerPrompt": 1, "maxResponseLen": args.seq},
+        "training": training,
+        "resources": {"device": "cuda", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": world}},
+    }
+
+
+def job_spec(args: argparse.Namespace, world: int) -> Any:
+    """The spec the model is built from: ``--from-spec``'s manifest (or bare spec), as the runtime
+    reads it, or ``spec_document``'s. Refuses what the benchmark does not time (another backend,
+    pipeline or context parallelism) and a tensor size that does not divide the ranks."""
+    from rljob_api.resource import parse_document, parse_spec
+    from rljob_api.yaml_load import load
+
+    if args.from_spec is None:
+        return parse_spec(spec_document(args, world))
+    spec, _ = parse_document(load(args.from_spec.read_text()))
+    training = spec.training
+    par = training.parallelism
+    if training.backend != "megatron":
+        raise ValueError(
+            f"{args.from_spec}: training.backend {training.backend}; the benchmark times megatron"
+        )
+    if par.pipeline != 1 or par.context != 1:
+        raise ValueError(
+            f"{args.from_spec}: the benchmark runs tensor parallelism only (pipeline, context 1)"
+        )
+    if world % par.tensor:
+        raise ValueError(
+            f"{args.from_spec}: parallelism.tensor {par.tensor} does not divide the {world} ranks"
+        )
+    return spec
+
+
+def recompute_mode(spec: Any) -> str | None:
+    """The activation recompute a spec asks for: full, selective or None."""
+    training = spec.training
+    if training.recompute_activations:
+        return "full"
+    return training.megatron_args.get("recompute-granularity")
+
+
+def spec_training_fields(spec: Any) -> dict[str, Any]:
+    """The training fields the build reads, as the manifest spells them (with their defaults)."""
+    training = spec.training
+    return {
+        "fusions": list(training.megatron_fusions()),
+        "lmHead": "chunked" if training.chunked_lm_head() else "full",
+        "recomputeActivations": training.recompute_activations,
+        "megatronArgs": dict(training.megatron_args),
+        "offloadOptimizer": training.offload_optimizer,
+        "parallelism": {"tensor": training.parallelism.tensor},
+        "microBatchSize": training.micro_batch_size,
     }
 
 
@@ -574,6 +645,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tensor parallel size: run under torchrun --nproc-per-node N (one model)",
     )
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument(
+        "--from-spec",
+        type=Path,
+        default=None,
+        help="an RLTrainingJob manifest (or bare spec): its training fields (fusions, lmHead, recompute, "
+        "megatronArgs, offloadOptimizer, parallelism.tensor, microBatchSize) instead of the flags that set them",
+    )
     add_json(parser)
     args = parser.parse_args(argv)
     if args.micro_batches < 1:
@@ -607,6 +685,8 @@ def child_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--recompute-layers", str(args.recompute_layers)]
     if args.memory_limit_gib is not None:
         argv += ["--memory-limit-gib", str(args.memory_limit_gib)]
+    if args.from_spec is not None:
+        argv += ["--from-spec", str(args.from_spec)]
     for flag in ("ce_fusion", "profile", "offload_optimizer"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
@@ -631,32 +711,25 @@ def main(argv: list[str] | None = None) -> int:
             )
     else:
         init_single_gpu()
-        recompute = None if args.recompute == "none" else args.recompute
+        spec = job_spec(args, dist.get_world_size())
         try:
             results = [
                 run_model(
                     names[0],
+                    spec,
                     args.seq,
                     args.steps,
                     args.warmup,
-                    recompute,
                     args.peak_tflops,
                     args.attention,
                     args.micro_batches,
                     args.sdpa_backend,
-                    args.swiglu,
                     ce_fusion=args.ce_fusion,
                     grad_dtype=args.grad_dtype,
                     memory_limit_gib=args.memory_limit_gib,
                     profile=args.profile,
-                    fusions=args.fusions,
                     fused_adam=args.fused_adam,
-                    micro_batch_size=args.micro_batch_size,
-                    recompute_layers=args.recompute_layers,
-                    lm_head=args.lm_head,
-                    offload_optimizer=args.offload_optimizer,
                     runs=args.runs,
-                    tp=args.tp,
                 )
             ]
         except torch.OutOfMemoryError as err:

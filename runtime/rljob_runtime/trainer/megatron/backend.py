@@ -14,8 +14,11 @@ Checkpoints: ``checkpoint.py`` (layout, HF export) and ``dist_checkpoint.py`` (M
 model, optimizer, step, RNG), resumed at any TP/PP/DP layout. ``model.megatronCheckpoint``: the initial
 weights (policy and reference) come from that torch_dist checkpoint instead of model.path's HF weights.
 Adam: torch's AdamW (megatron-core's choice without TE/apex), switched to its fused kernel on GPU
-(``fusions.use_fused_adam``). Model fusions (``fusions.FUSIONS``: compiled SwiGLU, RMSNorm and RoPE,
-gradient-accumulation fusion) are opt-in through the ``fusions`` argument; none by default.
+(``fusions.use_fused_adam``). ``training.fusions`` (``fusions.FUSIONS``: compiled SwiGLU, RMSNorm and
+RoPE, gradient-accumulation fusion; all by default) and ``training.lmHead`` (``lm_head.py``'s chunked
+head by default: log-probs and entropy from the last hidden states a chunk of tokens at a time) shape
+the model: ``policy.model_options`` reads them from the spec and ``policy.build_policy`` builds the
+policy with them, the one path a job and the MFU benchmark (benchmarks/gpu/megatron_mfu.py) take.
 Dynamic batching (``training.dynamicBatch``): packed micro-batches through megatron-core's "thd"
 packed-sequence parameters (``schedule.py``, ``attention.py``). ``training.offloadOptimizer``: the
 optimizer state streamed from host memory (``optimizer_offload.py``); ``memory_plan.py`` refuses a
@@ -29,8 +32,9 @@ import contextlib
 import datetime
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +46,7 @@ from ..offload import Group, grads, module_tensors, optimizer_tensors
 from ..rank_base import TrainerRankBase, needs_reference, set_seed
 from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
+from .policy import build_policy, build_reference, model_options
 from .schedule import (
     accumulate,
     from_last_stage,
@@ -64,7 +69,7 @@ class MegatronTrainerRank(TrainerRankBase):
         *,
         dist_timeout_s: float = 600.0,
         distributed_optimizer: bool = True,
-        fusions: Iterable[str] = (),
+        fusions: Iterable[str] | None = None,
         cpu_share: int = 1,
     ) -> None:
         # Everything that can be refused is refused here (prepare.prepare did it too), before any
@@ -78,14 +83,14 @@ class MegatronTrainerRank(TrainerRankBase):
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
         self.memory_estimate = self._check_memory()
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
-        # Names from fusions.FUSIONS for the policy and reference models (model.build_gpt_model).
-        self.fusions = frozenset(fusions)
-        if self.fusions:
-            from .fusions import check_fusions  # imports megatron-core: only when asked for
-
-            check_fusions(self.fusions)
+        # training.fusions / lmHead / recompute / megatronArgs; ``fusions`` overrides the spec's (tests).
+        self.options = model_options(spec, fusions)
+        self.fusions = self.options.fusions
+        self._default_fusions = fusions is None and spec.training.fusions is None
         self.model: Any = None
         self.ref_model: Any = None
+        self.head: Any = None  # lm_head.ChunkedHead of the policy (training.lmHead chunked, last stage)
+        self.ref_head: Any = None
         self.optimizer_offload: Any = None  # optimizer_offload.OptimizerStateOffload with offloadOptimizer
 
     @property
@@ -141,80 +146,38 @@ class MegatronTrainerRank(TrainerRankBase):
         self._build()
 
     def _build(self) -> None:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        from .fusions import use_fused_adam
-        from .megatron_args import overrides as megatron_overrides
-        from .model import build_gpt_model, init_model_parallel
+        from .model import init_model_parallel
 
         spec = self.spec
         set_seed(spec.training.seed)
         init_model_parallel(self.par, spec.training.seed)
-        recompute: Literal["full"] | None = "full" if spec.training.recompute_activations else None
-        extra = megatron_overrides(spec.training.megatron_args)  # checked by check_megatron already
-        model = build_gpt_model(
+        if self.device.type != "cuda" and self._default_fusions:
+            # The compiled fusions are GPU work: a rank without a GPU (only the project's CPU tests run
+            # megatron there) would compile them with a C++ toolchain for nothing. Named ones still apply.
+            self.options = replace(self.options, fusions=frozenset())
+            self.fusions = self.options.fusions
+        if self.rank == 0:  # what training.fusions / lmHead made of the model, for the job's log
+            head = "chunked" if self.options.chunked_head else "full"
+            print(
+                f"megatron: fusions {', '.join(sorted(self.fusions)) or 'none'}; LM head {head}", flush=True
+            )
+        initial = self._initial_weights()
+        policy = build_policy(
+            spec,
+            self.options,
             self.shape,
             self.par,
             dtype=self.dtype,
-            recompute=recompute,
-            fusions=self.fusions,
-            config_overrides=extra.transformer,
+            device=self.device,
+            initial=initial,
+            distributed_optimizer=self.distributed_optimizer,
         )
-        # Before the optimizer copies its main params (and DDP its param buffer) from the model.
-        initial = self._initial_weights()
-        initial(model)
-        ddp = extra.ddp_config(
-            DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True,
-                overlap_grad_reduce=False,
-                use_distributed_optimizer=self.distributed_optimizer,
-            )
-        )
-        self.model = DistributedDataParallel(config=model.config, ddp_config=ddp, module=model)
-        opt = spec.training.optimizer
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=opt.lr,
-                min_lr=opt.min_lr,
-                weight_decay=opt.weight_decay,
-                adam_beta1=opt.adam_beta1,
-                adam_beta2=opt.adam_beta2,
-                adam_eps=opt.adam_eps,
-                # Megatron reports the grad norm only while clipping: "no clipping" is a huge clip.
-                clip_grad=opt.clip_grad if opt.clip_grad > 0 else 1e30,
-                bf16=self.dtype == torch.bfloat16,
-                params_dtype=self.dtype,
-                use_distributed_optimizer=self.distributed_optimizer,
-            ),
-            [self.model],
-            use_gloo_process_groups=False,  # init_model_parallel creates NCCL groups only
-        )
-        if self.device.type == "cuda":
-            # torch's foreach AdamW keeps fp32 temporaries of the whole shard (a 4b's step spikes past
-            # an 80 GB GPU) and is slower; fused is the same update in one kernel per dtype group.
-            use_fused_adam(self.optimizer)
-        if spec.training.offload_optimizer:
-            from .optimizer_offload import OptimizerStateOffload
-
-            # After the fused switch (the update it streams is that one) and before any step.
-            self.optimizer_offload = OptimizerStateOffload(self.optimizer).install()
-        config = model.config
-        config.finalize_model_grads_func = finalize_model_grads  # DP grad all-reduce, tied-embedding sync
-        config.grad_scale_func = self.optimizer.scale_loss
-        config.no_sync_func = self.model.no_sync
-        if ddp.overlap_grad_reduce:  # megatronArgs overlap-grad-reduce: as Megatron-LM's training loop
-            config.grad_sync_func = self.model.start_grad_sync
+        self.model, self.optimizer = policy.model, policy.optimizer
+        self.optimizer_offload, self.head = policy.offload, policy.head
         if needs_reference(spec):
-            # Same fusions but wgrad, which only matters in backward (the reference model has none).
-            ref = build_gpt_model(self.shape, self.par, dtype=self.dtype, fusions=self.fusions - {"wgrad"})
-            initial(ref)
-            self.ref_model = ref.eval().requires_grad_(False)
+            self.ref_model, self.ref_head = build_reference(
+                self.options, self.shape, self.par, dtype=self.dtype, initial=initial
+            )
         self.model.train()
 
     def _initial_weights(self) -> Callable[[torch.nn.Module], None]:
@@ -244,10 +207,10 @@ class MegatronTrainerRank(TrainerRankBase):
         packed = self.packing
 
         def collect(
-            mb: TrainBatch, logits: torch.Tensor, entropy: str | None
+            head: Any, mb: TrainBatch, logits: torch.Tensor, entropy: str | None
         ) -> tuple[torch.Tensor, dict[str, Any]]:
             logp, ent = token_stats(
-                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed
+                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed, head=head
             )
             out = {"logp": pad_columns(logp.float().cpu(), batch.width)}
             if ent is not None:
@@ -259,7 +222,7 @@ class MegatronTrainerRank(TrainerRankBase):
             policy = run_schedule(
                 self.model,
                 mbs,
-                partial(swap_entropy, collect, "metric"),
+                partial(swap_entropy, partial(collect, self.head), "metric"),
                 forward_only=True,
                 device=self.device,
                 packed=packed,
@@ -269,7 +232,7 @@ class MegatronTrainerRank(TrainerRankBase):
                 ref = run_schedule(
                     self.ref_model,
                     mbs,
-                    partial(swap_entropy, collect, None),
+                    partial(swap_entropy, partial(collect, self.ref_head), None),
                     forward_only=True,
                     device=self.device,
                     packed=packed,
@@ -322,7 +285,7 @@ class MegatronTrainerRank(TrainerRankBase):
             rows: slice | list[int], mb: TrainBatch, logits: torch.Tensor
         ) -> tuple[torch.Tensor, dict[str, Any]]:
             logp, ent = token_stats(
-                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed
+                logits, mb, self.shape.vocab_size, self.temperature, entropy, packed=packed, head=self.head
             )
             loss, metrics, mask = self._micro_batch_loss(
                 mb, rows, logp, ent, advantages, old_logp, ref_logp, denominator

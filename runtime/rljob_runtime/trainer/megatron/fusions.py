@@ -33,8 +33,11 @@ from megatron.core.tensor_parallel import layers as tp_layers
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import make_viewless_tensor
 
-# "swiglu" is megatron-core's own (bias_activation_fusion, torch.compile'd); the rest live here.
-FUSIONS = frozenset({"swiglu", "wgrad", "norm", "rope"})
+from rljob_api.spec_training import MEGATRON_FUSIONS
+
+# "swiglu" is megatron-core's own (bias_activation_fusion, torch.compile'd); the rest live here. The
+# names are the API's (training.fusions), so the CRD admits exactly what is built.
+FUSIONS = frozenset(MEGATRON_FUSIONS)
 
 
 def check_fusions(fusions: Iterable[str]) -> frozenset[str]:

@@ -14,7 +14,9 @@ Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it
   micro-batch: dynamicBatch.maxTokensPerGpu, else microBatchSize x (rollout.maxResponseLen +
   data.maxPromptLength when set: the prompt is not counted otherwise, so this errs towards admitting);
 - logits: the LM head's bf16 logits, their fp32 log-softmax and its gradient (10 bytes per token and
-  vocabulary entry of this TP rank);
+  vocabulary entry of this TP rank); with the chunked head (training.lmHead chunked, the default) the
+  fp32 logits of at most three chunks at a time in backward (``lm_head.CHUNK_BYTES`` each, fewer for a
+  micro-batch smaller than a chunk), whatever the tokens;
 - overhead: CUDA context, NCCL and allocator slack (3 GiB), plus the engine's residue when colocated
   (2 GiB: what SGLang keeps while released, docs/BENCHMARKS.md, commit b9bac05).
 
@@ -36,6 +38,8 @@ OVERHEAD_BYTES = 3 * GiB
 COLOCATED_ENGINE_BYTES = 2 * GiB
 STREAM_CHUNK_BYTES = 2 * GiB  # optimizer_offload.DEFAULT_CHUNK_BYTES
 STREAMED_CHUNKS = 3  # in, being updated, out
+HEAD_CHUNK_BYTES = 256 * 2**20  # lm_head.CHUNK_BYTES (kept here: this module imports no torch)
+HEAD_CHUNKS = 3  # the chunked head's backward: logits, softmax, their gradient
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Knobs:
     offload_optimizer: bool
     reference: bool
     colocated: bool
+    chunked_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,10 @@ def estimate(shape: ModelShape, knobs: Knobs) -> MemoryEstimate:
         activations = t * (2 * h * layers * in_flight + per_layer)
     else:
         activations = t * per_layer * layers * in_flight
-    logits = 10 * t * shape.vocab_size // knobs.tp
+    if knobs.chunked_head:
+        logits = HEAD_CHUNKS * min(HEAD_CHUNK_BYTES, 4 * t * shape.vocab_size // knobs.tp)
+    else:
+        logits = 10 * t * shape.vocab_size // knobs.tp
     return MemoryEstimate(
         weights=2 * params,
         gradients=4 * params,
@@ -139,6 +147,7 @@ def knobs_from_spec(spec: RLTrainingJobSpec, par: Parallelism) -> Knobs:
         offload_optimizer=training.offload_optimizer,
         reference=spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0,
         colocated=spec.resources.colocate,
+        chunked_head=training.chunked_lm_head(),
     )
 
 
@@ -151,6 +160,8 @@ def alternatives(shape: ModelShape, knobs: Knobs, gpus: int) -> list[tuple[str, 
         )
     if not knobs.recompute:
         out.append(("training.recomputeActivations: true", estimate(shape, replace(knobs, recompute=True))))
+    if not knobs.chunked_head:
+        out.append(("training.lmHead: chunked", estimate(shape, replace(knobs, chunked_head=True))))
     tp = knobs.tp * 2
     if tp * knobs.pp <= gpus and shape.num_heads % tp == 0 and shape.num_kv_heads % tp == 0:
         dp = max(1, gpus // (tp * knobs.pp))

@@ -209,9 +209,9 @@ def build_gpt_model(
 
     ``parallel_output``: keep the logits split over TP ranks by vocab; False gathers them.
     ``attention``: the core attention (``Attention``). ``fusions``: names from ``fusions.FUSIONS``
-    (see ``transformer_config``); none by default (torch.compile in every trainer rank, a first step
-    slower by the compiles: opt in where it is measured, as the MFU benchmark does). "rope" patches
-    megatron-core's RoPE for the whole process (every model built after it too). ``recompute_layers``:
+    (see ``transformer_config``); none by default here: a job's come from training.fusions (all four
+    unless it says otherwise, ``policy.model_options``), compiled on each rank's first steps. "rope"
+    patches megatron-core's RoPE for the whole process (every model built after it too). ``recompute_layers``:
     see ``transformer_config``; ``config_overrides``: its ``overrides`` (megatronArgs).
     """
     fusions = check_fusions(fusions)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from ...algo.logprobs import entropy_from_logits, token_logprobs
 from ..base import Metrics, TrainBatch
 from ..rank_base import SUMMED_METRICS
+from .lm_head import ChunkedHead
 
 LossFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
 
@@ -31,12 +32,18 @@ def token_stats(
     entropy: str | None,
     *,
     packed: bool = False,
+    head: ChunkedHead | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[b, T] log-probs of the response tokens (logits / temperature, vocab padding dropped) and
     entropy: "grad", "metric" (no graph) or None. ``packed``: ``logits`` are [1, N, V] of the rows
-    packed end to end (``run_schedule(packed=True)``), else [b, s, V] of the padded rows."""
+    packed end to end (``run_schedule(packed=True)``), else [b, s, V] of the padded rows.
+
+    ``head`` (training.lmHead chunked): ``logits`` are the model's last hidden states instead ([.., h],
+    ``lm_head.return_hidden_states``), and the head computes the response tokens' log-probs and
+    entropy from them a chunk of tokens at a time, never holding their logits."""
     device = logits.device
-    logits = logits[..., :vocab_size]
+    if head is None:
+        logits = logits[..., :vocab_size]
     valid = mb.response_mask().to(device) > 0  # [b, T]
     # Only the response tokens' logits are gathered ([n, V], n real response tokens): a [b, T, V]
     # gather would cost rows x the longest response x V, which in a packed micro-batch of many short
@@ -51,6 +58,15 @@ def token_stats(
     def spread(values: torch.Tensor) -> torch.Tensor:  # [n] -> [b, T], 0 past each response
         return torch.zeros(valid.shape, dtype=values.dtype, device=device).masked_scatter(valid, values)
 
+    if head is not None:
+        # The entropy comes out of the same chunks; as a metric it is detached, so backward skips it.
+        logp_n, ent_n = head(
+            picked, targets, vocab_size=vocab_size, temperature=temperature, entropy=entropy is not None
+        )
+        ent = None
+        if ent_n is not None:
+            ent = spread(ent_n if entropy == "grad" else ent_n.detach())
+        return spread(logp_n), ent
     logp = spread(token_logprobs(picked[None], targets[None], temperature)[0])
     ent = None
     if entropy == "grad":
