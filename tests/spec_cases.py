@@ -196,14 +196,6 @@ RULE_CASES = [
         {"training": {"parallelism": {"tensor": 2}}},
     ),
     Case(
-        "ppo-on-megatron-not-yet",
-        {"algorithm": {"advantageEstimator": "ppo"}},
-        "spec.algorithm.advantageEstimator",
-        "not supported by this runtime yet: algorithm.advantageEstimator ppo with training.backend megatron "
-        "(no critic there); use training.backend torch",
-        {"algorithm": {"advantageEstimator": "ppo"}, "training": {"backend": "torch"}},
-    ),
-    Case(
         "megatron-checkpoint-torch-backend",
         {"model": {"megatronCheckpoint": "/ckpt/torch_dist"}, "training": {"backend": "torch"}},
         "spec.model.megatronCheckpoint",

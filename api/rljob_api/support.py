@@ -63,11 +63,8 @@ MODEL_PARALLEL_WHY_NOT: dict[str, str] = {
     "megatron": "context parallelism needs TransformerEngine's attention",
     "torch": "data parallel only",
 }
-# backend -> advantage estimators it trains (ppo needs a critic; only torch has one).
-ESTIMATORS_OF: dict[str, tuple[str, ...]] = {
-    "megatron": tuple(e for e in ESTIMATORS if e != "ppo"),
-    "torch": ESTIMATORS,
-}
+# backend -> advantage estimators it trains (ppo needs a critic: both have one).
+ESTIMATORS_OF: dict[str, tuple[str, ...]] = {"megatron": ESTIMATORS, "torch": ESTIMATORS}
 # device -> most trainer nodes when colocated (None: any). On cuda the engines share the trainer's
 # GPUs and get weights by CUDA IPC, which does not cross nodes; on cpu the weights travel over HTTP.
 COLOCATED_MAX_NODES: dict[str, int | None] = {"cuda": 1, "cpu": None}

@@ -9,7 +9,14 @@ import pytest
 
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_runtime.trainer.megatron.arch import model_shape
-from rljob_runtime.trainer.megatron.memory_plan import GiB, Knobs, check_fits, estimate, stage_params
+from rljob_runtime.trainer.megatron.memory_plan import (
+    GiB,
+    Knobs,
+    check_fits,
+    estimate,
+    knobs_from_spec,
+    stage_params,
+)
 from rljob_runtime.trainer.megatron.parallel import Parallelism
 
 # Qwen3-4B's and Qwen3-8B's published shapes.
@@ -125,3 +132,16 @@ def test_megatron_args_full_recompute_counts_as_recompute() -> None:
     spec = _spec(megatronArgs={"recompute-granularity": "full"})
     assert knobs_from_spec(spec, Parallelism()).recompute
     assert not knobs_from_spec(_spec(), Parallelism()).recompute
+
+
+def test_a_ppo_critic_adds_its_weights_gradients_and_optimizer_state() -> None:
+    shape = model_shape(QWEN3_4B)
+    grpo = estimate(shape, knobs_from_spec(_spec(offloadOptimizer=True), Parallelism()))
+    spec = _spec(offloadOptimizer=True)
+    ppo = spec.model_copy(
+        update={"algorithm": spec.algorithm.model_copy(update={"advantage_estimator": "ppo"})}
+    )
+    with_critic = estimate(shape, knobs_from_spec(ppo, Parallelism()))
+    assert grpo.critic == 0
+    assert with_critic.critic == grpo.weights + grpo.gradients + grpo.optimizer
+    assert with_critic.total == grpo.total + with_critic.critic

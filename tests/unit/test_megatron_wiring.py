@@ -202,18 +202,19 @@ def test_a_global_batch_must_split_over_data_parallel_ranks() -> None:
 def test_prepare_names_every_unsupported_option() -> None:
     """The API server refuses these at admission (tests/spec_cases.py); a spec that skipped the
     models' validation (built in code) still meets the runtime's own refusal, naming each option."""
-    with pytest.raises(ValueError, match=r"not supported by this runtime yet: .*advantageEstimator ppo"):
-        _spec(algorithm={"advantageEstimator": "ppo"})
+    with pytest.raises(ValueError, match=r"not supported by this runtime yet: .*parallelism.expert above 1"):
+        _spec(training={"parallelism": {"expert": 2}})
     base = _spec()
     training = base.training.model_copy(  # model_copy skips validation: as a spec built in code
         update={
-            "parallelism": base.training.parallelism.model_copy(update={"sequence_parallel": True}),
+            "parallelism": base.training.parallelism.model_copy(
+                update={"sequence_parallel": True, "expert": 2}
+            ),
         }
     )
-    algorithm = base.algorithm.model_copy(update={"advantage_estimator": "ppo"})
-    spec = base.model_copy(update={"training": training, "algorithm": algorithm})
+    spec = base.model_copy(update={"training": training})
     names = unsupported_options(spec)
-    assert any("advantageEstimator ppo" in n for n in names)
+    assert any("training.parallelism.expert above 1" in n for n in names)
     assert any("training.parallelism.sequenceParallel" in n for n in names)
-    with pytest.raises(RunError, match=r"not supported by this runtime yet: .*advantageEstimator ppo"):
+    with pytest.raises(RunError, match=r"not supported by this runtime yet: .*parallelism.expert above 1"):
         prepare(spec)

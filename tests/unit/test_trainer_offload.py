@@ -158,26 +158,34 @@ def test_the_torch_backend_offloads_everything_and_steps_like_its_twin(tiny_mode
 
 def test_the_megatron_backends_groups_hold_every_storage(cpu_megatron: None) -> None:
     """Megatron's optimizer wants CUDA, so on CPU the rank's groups are checked over a DDP model (its
-    grad buffer and main_grad views), a torch Adam that has stepped, and a reference model; the step
-    after onload is tests/gpu/test_trainer_offload_gpu.py's."""
+    grad buffer and main_grad views), a torch Adam that has stepped, a reference model, and a ppo
+    critic built the same way; the step after onload is tests/gpu/test_trainer_offload_gpu.py's."""
     from test_megatron_fusions import UNTIED, _ddp_model, _two_micro_batches
 
     from rljob_runtime.trainer.megatron import model_shape, validate_parallelism
     from rljob_runtime.trainer.megatron.backend import MegatronTrainerRank
+    from rljob_runtime.trainer.megatron.critic import MegatronCritic
     from rljob_runtime.trainer.megatron.model import build_gpt_model
 
-    ddp, shape = _ddp_model(UNTIED, torch.float32, ())
+    def trained() -> tuple[Any, torch.optim.Optimizer]:
+        ddp, shape = _ddp_model(UNTIED, torch.float32, ())
+        _two_micro_batches(ddp, shape)
+        for param in ddp.module.parameters():
+            param.grad = param.main_grad.clone()  # what Megatron's optimizer copies from the grad buffer
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+        optimizer.step()
+        return ddp, optimizer
+
+    ddp, optimizer = trained()
+    critic_ddp, critic_optimizer = trained()
     ref = build_gpt_model(
         model_shape(UNTIED), validate_parallelism(model_shape(UNTIED), gpus=1), dtype=torch.float32
     )
-    _two_micro_batches(ddp, shape)
-    for param in ddp.module.parameters():
-        param.grad = param.main_grad.clone()  # what Megatron's optimizer copies from the grad buffer
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
-    optimizer.step()
     rank = MegatronTrainerRank.__new__(MegatronTrainerRank)
     rank.model, rank.optimizer, rank.ref_model = ddp, optimizer, ref
+    rank.critic = MegatronCritic(critic_ddp, critic_optimizer, None, None, None, CPU)  # type: ignore[arg-type]
     roots = [ddp.module, ref, optimizer, *[_Holder(b.grad_data) for b in ddp.buffers]]
+    roots += [critic_ddp.module, critic_optimizer, *[_Holder(b.grad_data) for b in critic_ddp.buffers]]
     want = {k: v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
     moments = [t.clone() for t in optimizer_tensors(optimizer)]
     offloader = StorageOffloader(rank._offload_groups(), CPU)

@@ -141,6 +141,8 @@ suite_megatron() {
   step lm-head 600 "${T[@]}" $G/test_megatron_lm_head_gpu.py
   # training.fusions, training.lmHead and training.megatronArgs through a colocated GRPO job (2 steps)
   step job-fields 600 "${T[@]}" $G/test_megatron_job_fields.py
+  # advantageEstimator ppo: the megatron critic trains, saves beside the policy and resumes (two runs)
+  step critic 600 "${T[@]}" $G/test_megatron_critic_gpu.py
   step optimizer-offload 600 "${T[@]}" $G/test_optimizer_offload_gpu.py
   step dynamic-batch-test 600 "${T[@]}" $G/test_dynamic_batch_gpu.py
   step backend 600 "${T[@]}" $G/test_megatron_backend.py

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from .base import (
     Metrics,
     Rows,
     TrainBatch,
+    check_per_token,
     check_policy_inputs,
     local_plan,
     mean_metrics,
@@ -93,6 +95,7 @@ class TrainerRankBase(Offloadable, WeightSource):
         )
         self.total_steps = spec.training.num_rollout * self.steps_per_rollout
         self.step = 0  # optimizer steps taken
+        self.critic: Any = None  # the backend's value model (advantageEstimator ppo), None without one
 
     @property
     def dp_size(self) -> int:
@@ -244,7 +247,11 @@ class TrainerRankBase(Offloadable, WeightSource):
         self, batch: TrainBatch, values: torch.Tensor | None, returns: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The critic's (old values, returns), checked against the batch; None: no critic."""
-        return None
+        if self.critic is None:
+            return None
+        if values is None or returns is None:
+            raise ValueError("advantageEstimator ppo needs the critic's values and the returns")
+        return check_per_token("values", values, batch), check_per_token("returns", returns, batch)
 
     def _critic_step(
         self,

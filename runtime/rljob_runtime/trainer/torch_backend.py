@@ -41,7 +41,7 @@ from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.logprobs import entropy_from_logits, token_logprobs
 from ..algo.losses import value_loss
-from .base import LogProbs, Metrics, PackedInputs, Rows, TrainBatch, check_per_token, lr_at, place_rows
+from .base import LogProbs, Metrics, PackedInputs, Rows, TrainBatch, lr_at, place_rows
 from .critic import CRITIC_DIR, critic_optimizer_spec, critic_path, load_value_model, token_values
 from .offload import Group, grads, module_tensors, optimizer_tensors
 from .rank_base import SUMMED_METRICS, TrainerRankBase, needs_reference, set_seed
@@ -320,15 +320,6 @@ class TorchTrainerRank(TrainerRankBase):
         )
 
     # ------------------------------------------------------------------------------- training
-
-    def _critic_targets(
-        self, batch: TrainBatch, values: torch.Tensor | None, returns: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.critic is None:
-            return None
-        if values is None or returns is None:
-            raise ValueError("advantageEstimator ppo needs the critic's values and the returns")
-        return check_per_token("values", values, batch), check_per_token("returns", returns, batch)
 
     def _optimizer_step(
         self,

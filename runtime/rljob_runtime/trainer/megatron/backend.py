@@ -23,7 +23,8 @@ Dynamic batching (``training.dynamicBatch``): packed micro-batches through megat
 packed-sequence parameters (``schedule.py``, ``attention.py``). ``training.offloadOptimizer``: the
 optimizer state streamed from host memory (``optimizer_offload.py``); ``memory_plan.py`` refuses a
 layout that cannot fit the GPU before anything is built. ``training.megatronArgs``: an allow-list
-(``megatron_args.py``). Not yet: the ppo critic, context parallelism (``checks.py`` refuses them).
+(``megatron_args.py``). advantageEstimator ppo: a critic (``critic.py``) trained after each policy
+step and checkpointed beside it. Not yet: context parallelism (``checks.py`` refuses it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,10 +44,12 @@ import torch.distributed as dist
 from rljob_api.spec import RLTrainingJobSpec
 
 from ..base import LogProbs, Metrics, TrainBatch, lr_at, pad_columns
+from ..critic import CRITIC_DIR
 from ..offload import Group, grads, module_tensors, optimizer_tensors
 from ..rank_base import TrainerRankBase, needs_reference, set_seed
 from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
+from .critic import MegatronCritic
 from .policy import build_policy, build_reference, model_options
 from .schedule import (
     accumulate,
@@ -92,6 +96,7 @@ class MegatronTrainerRank(TrainerRankBase):
         self.head: Any = None  # lm_head.ChunkedHead of the policy (training.lmHead chunked, last stage)
         self.ref_head: Any = None
         self.optimizer_offload: Any = None  # optimizer_offload.OptimizerStateOffload with offloadOptimizer
+        self.critic: MegatronCritic | None = None  # advantageEstimator ppo (critic.py)
 
     @property
     def dp_size(self) -> int:
@@ -178,6 +183,16 @@ class MegatronTrainerRank(TrainerRankBase):
             self.ref_model, self.ref_head = build_reference(
                 self.options, self.shape, self.par, dtype=self.dtype, initial=initial
             )
+        if spec.algorithm.advantage_estimator == "ppo":
+            self.critic = MegatronCritic.build(
+                spec,
+                self.options,
+                self.par,
+                model_path=self.model_path,
+                dtype=self.dtype,
+                device=self.device,
+                distributed_optimizer=self.distributed_optimizer,
+            )
         self.model.train()
 
     def _initial_weights(self) -> Callable[[torch.nn.Module], None]:
@@ -240,6 +255,7 @@ class MegatronTrainerRank(TrainerRankBase):
         finally:
             self.model.train()
         policy, ref = from_last_stage((policy, ref), self.par.pp)
+        values = None if self.critic is None else self.critic.values(mbs, batch.width, packed=packed)
 
         def place(results: list[dict[str, Any]], key: str) -> torch.Tensor:
             # Micro-batches are in plan order, which token-budget micro-batches do not keep for rows.
@@ -251,6 +267,7 @@ class MegatronTrainerRank(TrainerRankBase):
             logp=place(policy, "logp"),
             ref_logp=None if ref is None else place(ref, "logp"),
             entropy=place(policy, "entropy"),
+            values=None if values is None else place([{"v": v} for v in values], "v"),
         )
 
     # ------------------------------------------------------------------------------- training
@@ -317,6 +334,28 @@ class MegatronTrainerRank(TrainerRankBase):
         )
         return out
 
+    def _critic_step(
+        self,
+        batch: TrainBatch,
+        micro_batches: list[slice | list[int]],
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        denominator: float,
+    ) -> Metrics:
+        assert self.critic is not None
+        algo = self.spec.algorithm
+        return self.critic.step(
+            [batch.select(rows) for rows in micro_batches],
+            micro_batches,
+            old_values,
+            returns,
+            value_clip=algo.critic.value_clip,
+            reduction=algo.loss_reduction,
+            denominator=denominator,
+            lr=lr_at(self.step, self.critic.opt, self.total_steps),
+            packed=self.packing,
+        )
+
     # -------------------------------------------------------------------------------- weights
 
     def device_weights(self) -> dict[str, torch.Tensor]:
@@ -344,27 +383,44 @@ class MegatronTrainerRank(TrainerRankBase):
     def _offload_groups(self) -> dict[str, Group]:
         """What leaves the GPU in a colocated job's engine turn (``offload.Offloadable``): the bf16
         parameters (views into DDP's param buffers), the fp32 gradient buffers (rewritten every step:
-        not copied), the optimizer's fp32 main parameters and moments, the reference model. DDP's own
+        not copied), the optimizer's fp32 main parameters and moments, the reference model, and the
+        critic's weights, gradients and optimizer state (ppo) in the same groups. DDP's own
         ``buffers`` attribute is its list of param/grad buffers (it shadows ``Module.buffers``), so
         the module's tensors are read from ``self.model.module``."""
 
         def ddp_buffers() -> list[Any]:
             return [*self.model.buffers, *self.model.expert_parallel_buffers]
 
+        critic = self.critic
         return {
             "weights": Group(
-                lambda: [*module_tensors(self.model.module), *(b.param_data for b in ddp_buffers())]
+                lambda: [
+                    *module_tensors(self.model.module),
+                    *(b.param_data for b in ddp_buffers()),
+                    *(critic.weight_tensors() if critic else []),
+                ]
             ),
             "grads": Group(
-                lambda: [*(b.grad_data for b in ddp_buffers()), *grads(self.model.module)], keep=False
+                lambda: [
+                    *(b.grad_data for b in ddp_buffers()),
+                    *grads(self.model.module),
+                    *(critic.grad_tensors() if critic else []),
+                ],
+                keep=False,
             ),
-            "training": Group(lambda: [*optimizer_tensors(self.optimizer), *module_tensors(self.ref_model)]),
+            "training": Group(
+                lambda: [
+                    *optimizer_tensors(self.optimizer),
+                    *module_tensors(self.ref_model),
+                    *(critic.optimizer_tensors() if critic else []),
+                ]
+            ),
         }
 
     def save(self, path: str) -> None:
         """``path/model``: the HF export (global rank 0); ``path/dist``: the Megatron distributed
         checkpoint of model, optimizer, step and every rank's RNG (``dist_checkpoint``), which any
-        layout loads. A collective of every rank; when any rank fails to write, every rank raises
+        layout loads; ``path/critic``: the critic's model and optimizer (ppo), another. A collective of every rank; when any rank fails to write, every rank raises
         (``CheckpointWriteError`` for write failures) instead of waiting for it."""
         self._require_resident("save")
         from megatron.core import parallel_state as ps
@@ -391,6 +447,8 @@ class MegatronTrainerRank(TrainerRankBase):
             dcp.save_trainer_state(
                 ckpt.dist_dir(path), self.model, self.optimizer, common, rank_zero_files=export
             )
+        if self.critic is not None:
+            self.critic.save(str(Path(path) / CRITIC_DIR))
 
     def load(self, path: str) -> None:
         """Restore ``save``'s checkpoint at this run's layout, whatever layout saved it: weights, fp32
@@ -402,10 +460,17 @@ class MegatronTrainerRank(TrainerRankBase):
         from . import checkpoint as ckpt
         from . import dist_checkpoint as dcp
 
+        found = ckpt.find_dist_checkpoint(path)
+        critic = found.parent / CRITIC_DIR
+        if self.critic is not None and not ckpt.is_dist_checkpoint(critic):  # before anything is read
+            raise FileNotFoundError(
+                f"no critic in checkpoint {found.parent} (advantageEstimator ppo needs {critic}): it was "
+                "saved by a run without a critic; start from its HF export instead"
+            )
         with self._optimizer_state_resident():
-            state = dcp.load_trainer_state(ckpt.find_dist_checkpoint(path), self.model, self.optimizer)[
-                "rljob"
-            ]
+            state = dcp.load_trainer_state(found, self.model, self.optimizer)["rljob"]
+        if self.critic is not None:
+            self.critic.load(str(critic))
         self.step = int(state["step"])
         rng, tracker_applies, _ = ckpt.pick_rng(
             state["rng"], state["layout"], self._saved_layout(), self.layout()

@@ -17,6 +17,9 @@ Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it
   vocabulary entry of this TP rank); with the chunked head (training.lmHead chunked, the default) the
   fp32 logits of at most three chunks at a time in backward (``lm_head.CHUNK_BYTES`` each, fewer for a
   micro-batch smaller than a chunk), whatever the tokens;
+- critic (advantageEstimator ppo): the value model's weights, gradients and optimizer state as the
+  policy's (it is built at the policy's layout, and by default from the same model; its activations
+  come after the policy's backward, so they do not add);
 - overhead: CUDA context, NCCL and allocator slack (3 GiB), plus the engine's residue when colocated
   (2 GiB: what SGLang keeps while released, docs/BENCHMARKS.md, commit b9bac05).
 
@@ -55,6 +58,7 @@ class Knobs:
     reference: bool
     colocated: bool
     chunked_head: bool = False
+    critic: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     reference: int
+    critic: int
     activations: int
     logits: int
     overhead: int
@@ -122,6 +127,7 @@ def estimate(shape: ModelShape, knobs: Knobs) -> MemoryEstimate:
         gradients=4 * params,
         optimizer=optimizer,
         reference=2 * params if knobs.reference else 0,
+        critic=2 * params + 4 * params + optimizer if knobs.critic else 0,
         activations=activations,
         logits=logits,
         overhead=OVERHEAD_BYTES + (COLOCATED_ENGINE_BYTES if knobs.colocated else 0),
@@ -148,6 +154,7 @@ def knobs_from_spec(spec: RLTrainingJobSpec, par: Parallelism) -> Knobs:
         reference=spec.algorithm.use_kl_loss or spec.algorithm.kl_coef > 0,
         colocated=spec.resources.colocate,
         chunked_head=training.chunked_lm_head(),
+        critic=spec.algorithm.advantage_estimator == "ppo",
     )
 
 
