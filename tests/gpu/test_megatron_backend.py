@@ -2,7 +2,7 @@
 Qwen3-style model at TP1 x DP2, TP2 and PP2 (2 GPUs; TP1 alone on one), against the torch backend's
 rank in float32 on the same samples as the reference.
 
-Checks: on-policy first step (ppo_kl and kl_loss exactly 0), log-probs, loss and grad norm equal to
+Checks: on-policy first step (ppo_kl and kl_loss 0 up to the compiled fusions' rounding), log-probs, loss and grad norm equal to
 the torch backend's within bf16 tolerance, log-probs move with the advantages' signs, and the
 exported HF weights have every name and moved.
 """
@@ -85,7 +85,9 @@ def _delta(result: dict[str, Any]) -> torch.Tensor:
 def test_first_step_is_on_policy(results: list[dict[str, Any]]) -> None:
     for r in results:
         m = r["metrics"]
-        assert m["ppo_kl"] == 0.0 and m["kl_loss"] == 0.0, (r["layout"], m)
+        # Exactly 0 unfused. The compiled fusions (training.fusions, all by default) compile separate
+        # no-grad and training graphs whose bf16 rounding differs: 7.8e-6 and 1.9e-6 at TP1 on an H100.
+        assert abs(m["ppo_kl"]) < 1e-4 and abs(m["kl_loss"]) < 1e-4, (r["layout"], m)
         assert r["ref_equals_policy"], r["layout"]
         assert m["skipped_step"] == 0.0 and m["tokens"] == float(build_batch(make_samples()).loss_mask.sum())
 

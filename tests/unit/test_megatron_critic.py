@@ -165,9 +165,10 @@ def test_a_checkpoint_without_a_critic_is_refused_by_name(
 def test_a_saved_value_head_is_loaded(cpu_megatron: None) -> None:
     from rljob_runtime.trainer.megatron import model_shape
     from rljob_runtime.trainer.megatron.critic import attach_value_head, value_head_state
-    from rljob_runtime.trainer.megatron.model import build_gpt_model
+    from rljob_runtime.trainer.megatron.model import build_gpt_model, init_model_parallel
     from rljob_runtime.trainer.megatron.parallel import Parallelism
 
+    init_model_parallel(Parallelism(), 0)
     gpt = build_gpt_model(model_shape(CONFIG), Parallelism(), dtype=torch.float32)
     h = CONFIG["hidden_size"]
     head = {HF_HEAD[0]: torch.randn(1, h), HF_HEAD[1]: torch.tensor([0.25])}
@@ -215,3 +216,27 @@ def test_tensor_parallel_critic_equals_one_rank(model_dir: Path, cpu_rank: None,
                     r,
                     key,
                 )
+
+
+def test_each_head_parameter_takes_the_dtype_of_its_optimizer_group(cpu_megatron: None) -> None:
+    """Megatron's distributed optimizer mis-maps a param group that mixes fp32 and bf16 parameters
+    (seen on a GPU: the checkpoint save failed on the shapes). In a bf16 model the norms (the bias's
+    no-weight-decay group) keep fp32 weights, fused or not; the linears (the weight's group) are bf16."""
+    from rljob_runtime.trainer.megatron import model_shape
+    from rljob_runtime.trainer.megatron.critic import attach_value_head
+    from rljob_runtime.trainer.megatron.model import build_gpt_model, init_model_parallel
+    from rljob_runtime.trainer.megatron.parallel import Parallelism
+
+    init_model_parallel(Parallelism(), 0)
+    for fusions in ((), ("norm",)):
+        gpt = build_gpt_model(model_shape(CONFIG), Parallelism(), dtype=torch.bfloat16, fusions=fusions)
+        attach_value_head(gpt)
+        head = getattr(gpt, VALUE_HEAD)
+        no_decay = {
+            p.dtype for name, p in gpt.named_parameters() if p.ndim == 1 and name != f"{VALUE_HEAD}.bias"
+        }
+        decay = {
+            p.dtype for name, p in gpt.named_parameters() if p.ndim == 2 and name != f"{VALUE_HEAD}.weight"
+        }
+        assert no_decay == {torch.float32} and decay == {torch.bfloat16}, fusions
+        assert (head.weight.dtype, head.bias.dtype) == (torch.bfloat16, torch.float32), fusions

@@ -64,6 +64,15 @@ def attach_value_head(gpt_model: Any, hf_state: Mapping[str, torch.Tensor] | Non
         else torch.device("cpu")
     )
     head = torch.nn.Linear(config.hidden_size, 1, dtype=config.params_dtype, device=device)
+    # Megatron's distributed optimizer (megatron-core 0.16, _build_model_and_main_param_groups) lists
+    # each param group's fp32 parameters before its bf16 ones but looks them up by their unordered
+    # position: a group holding both dtypes reads another parameter's main copy (a checkpoint save then
+    # fails on the shapes). So each head parameter takes its group's dtype: the weight (2-D, weight
+    # decay) the linears', the bias (1-D, no weight decay) the norms' (fp32: megatron-core's local
+    # norms and the "norm" fusion keep fp32 weights in a bf16 model).
+    norm = getattr(getattr(gpt_model.decoder, "final_layernorm", None), "weight", None)
+    if norm is not None and norm.dtype != head.bias.dtype:
+        head.bias = torch.nn.Parameter(head.bias.detach().to(norm.dtype))
     weight, bias = (hf_state or {}).get(HF_HEAD[0]), (hf_state or {}).get(HF_HEAD[1])
     with torch.no_grad():
         if weight is not None and bias is not None:
@@ -74,7 +83,7 @@ def attach_value_head(gpt_model: Any, hf_state: Mapping[str, torch.Tensor] | Non
                     f"{config.hidden_size}) / (1,))"
                 )
             head.weight.copy_(weight)
-            head.bias.copy_(bias)
+            head.bias.copy_(bias.to(head.bias.dtype))
         else:
             head.weight.zero_()
             head.bias.zero_()
@@ -83,7 +92,9 @@ def attach_value_head(gpt_model: Any, hf_state: Mapping[str, torch.Tensor] | Non
 
     def values_forward(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         hidden = forward(*args, **kwargs)  # [b, s, h]: the identity output layer's, transposed back
-        return getattr(self, VALUE_HEAD)(hidden).squeeze(-1).float()
+        head = getattr(self, VALUE_HEAD)
+        # the weight's GEMM in its dtype, the bias (maybe fp32: above) added in fp32
+        return torch.nn.functional.linear(hidden, head.weight).squeeze(-1).float() + head.bias.float()
 
     gpt_model.forward = types.MethodType(values_forward, gpt_model)
 
