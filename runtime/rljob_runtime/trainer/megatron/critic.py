@@ -64,12 +64,10 @@ def attach_value_head(gpt_model: Any, hf_state: Mapping[str, torch.Tensor] | Non
         else torch.device("cpu")
     )
     head = torch.nn.Linear(config.hidden_size, 1, dtype=config.params_dtype, device=device)
-    # Megatron's distributed optimizer (megatron-core 0.16, _build_model_and_main_param_groups) lists
-    # each param group's fp32 parameters before its bf16 ones but looks them up by their unordered
-    # position: a group holding both dtypes reads another parameter's main copy (a checkpoint save then
-    # fails on the shapes). So each head parameter takes its group's dtype: the weight (2-D, weight
-    # decay) the linears', the bias (1-D, no weight decay) the norms' (fp32: megatron-core's local
-    # norms and the "norm" fusion keep fp32 weights in a bf16 model).
+    # Each head parameter takes the dtype of its optimizer group, so no group mixes fp32 and bf16
+    # (which megatron-core 0.16's distributed optimizer mis-maps: optimizer_groups.py, applied to every
+    # build too): the weight (2-D, weight decay) the linears', the bias (1-D, no weight decay) the
+    # norms' (fp32: megatron-core's local norms and the "norm" fusion keep fp32 weights in a bf16 model).
     norm = getattr(getattr(gpt_model.decoder, "final_layernorm", None), "weight", None)
     if norm is not None and norm.dtype != head.bias.dtype:
         head.bias = torch.nn.Parameter(head.bias.detach().to(norm.dtype))

@@ -21,6 +21,7 @@ from rljob_api.spec_training import MEGATRON_FUSIONS
 from .arch import ModelShape
 from .megatron_args import MegatronOverrides
 from .megatron_args import overrides as megatron_overrides
+from .optimizer_groups import align_group_index_map
 from .parallel import Parallelism
 
 
@@ -141,6 +142,7 @@ def build_policy(
         [wrapped],
         use_gloo_process_groups=False,  # init_model_parallel creates NCCL groups only
     )
+    align_group_index_map(optimizer)  # fp32 norms beside bf16 biases in one group (optimizer_groups.py)
     if fused_adam is None:
         fused_adam = device.type == "cuda"  # fused AdamW has no CPU kernel for every dtype
     if fused_adam:
