@@ -1,0 +1,150 @@
+"""Qwen3-MoE for the megatron backend, the pure parts: which layers are MoE, the megatron-core
+TransformerConfig fields that route as the HF model does, and the router and expert tensors between HF
+and Megatron names. Not yet wired in: ``arch.py`` does not accept MoE architectures and admission
+refuses ``parallelism.expert`` above 1, until the model is built, trained and synced end to end.
+
+HF (transformers' Qwen3MoeSparseMoeBlock; the per-expert names a checkpoint stores on disk)::
+
+    model.layers.N.mlp.gate.weight                       [E, h]   the router
+    model.layers.N.mlp.experts.e.gate_proj.weight        [f, h]
+    model.layers.N.mlp.experts.e.up_proj.weight          [f, h]
+    model.layers.N.mlp.experts.e.down_proj.weight        [h, f]
+
+Megatron (megatron-core 0.16.1, the local spec's MoELayer with SequentialMLP experts; ``e`` global
+here, as in ``convert.py`` the whole model at EP 1)::
+
+    decoder.layers.N.mlp.router.weight                                [E, h]
+    decoder.layers.N.mlp.experts.local_experts.e.linear_fc1.weight    [2f, h]  [gate; up]
+    decoder.layers.N.mlp.experts.local_experts.e.linear_fc2.weight    [h, f]
+
+Routing: HF takes the softmax over all experts, then the top k, and renormalises the k weights when
+``norm_topk_prob``; megatron-core's ``topk_routing_with_score_function`` does the same with
+``use_pre_softmax`` True (softmax, then top k, not renormalised) or False (top k of the logits, then a
+softmax over the k: the renormalised weights). Layers: HF makes layer i an MoE layer unless it is in
+``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step != 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .convert import HF_LAYER, MG_LAYER, fuse_gate_up, split_gate_up
+
+Tensors = dict[str, torch.Tensor]
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    norm_topk_prob: bool
+    moe_layers: tuple[int, ...]  # the decoder layers whose MLP is the MoE block
+    aux_loss_coef: float  # router_aux_loss_coef when the config asks for router logits, else 0
+
+    def is_moe(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+
+def moe_shape(config: Mapping[str, Any]) -> MoEShape | None:
+    """The MoE part of an HF config (a dict of config.json), None for a dense model; ValueError naming
+    the field when the numbers cannot work."""
+    # The hub's Qwen3-MoE configs say num_experts; transformers 5 writes num_local_experts (an alias).
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if not experts:
+        return None
+    top_k = int(config.get("num_experts_per_tok", 0))
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be in 1..num_experts ({experts})")
+    step = int(config.get("decoder_sparse_step", 1))
+    if step < 1:
+        raise ValueError(f"decoder_sparse_step must be at least 1, got {step}")
+    dense = {int(i) for i in config.get("mlp_only_layers") or ()}
+    layers = tuple(
+        i for i in range(int(config["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0
+    )
+    return MoEShape(
+        num_experts=experts,
+        top_k=top_k,
+        expert_ffn_hidden_size=int(config["moe_intermediate_size"]),
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        moe_layers=layers,
+        aux_loss_coef=float(config.get("router_aux_loss_coef", 0.0))
+        if config.get("output_router_logits")
+        else 0.0,
+    )
+
+
+def moe_config_fields(moe: MoEShape, *, expert_parallel: int = 1, cuda: bool = True) -> dict[str, Any]:
+    """megatron-core TransformerConfig fields for ``moe``: HF's routing (softmax scores; pre-softmax
+    exactly when HF does not renormalise the top k; the router's logits in the model's dtype, as HF
+    computes them), its aux loss, and the token dispatcher: alltoall on GPUs, allgather without (the
+    alltoall one creates CUDA streams; the allgather one needs equal sequence lengths, so it turns
+    variable_seq_lengths off)."""
+    fields: dict[str, Any] = {
+        "num_moe_experts": moe.num_experts,
+        "moe_router_topk": moe.top_k,
+        "moe_ffn_hidden_size": moe.expert_ffn_hidden_size,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not moe.norm_topk_prob,
+        "moe_router_topk_scaling_factor": None,
+        "moe_router_dtype": None,
+        "moe_router_load_balancing_type": "aux_loss" if moe.aux_loss_coef > 0 else "none",
+        "moe_aux_loss_coeff": moe.aux_loss_coef,
+        "expert_model_parallel_size": expert_parallel,
+        "moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
+    }
+    if not cuda:
+        fields["variable_seq_lengths"] = False
+    return fields
+
+
+def _experts(layer: int) -> tuple[str, str]:
+    return HF_LAYER.format(layer) + "mlp.", MG_LAYER.format(layer) + "mlp."
+
+
+def hf_to_megatron_moe(hf: Mapping[str, torch.Tensor], moe: MoEShape, layer: int) -> Tensors:
+    """One MoE layer's router and experts, HF -> Megatron (every expert, global indices)."""
+    src, dst = _experts(layer)
+    try:
+        out = {dst + "router.weight": hf[src + "gate.weight"]}
+        for e in range(moe.num_experts):
+            expert = f"{src}experts.{e}."
+            fc = f"{dst}experts.local_experts.{e}."
+            out[fc + "linear_fc1.weight"] = fuse_gate_up(
+                hf[expert + "gate_proj.weight"], hf[expert + "up_proj.weight"]
+            )
+            out[fc + "linear_fc2.weight"] = hf[expert + "down_proj.weight"]
+    except KeyError as exc:
+        raise KeyError(f"missing weight {exc.args[0]!r} of MoE layer {layer}") from None
+    return out
+
+
+def megatron_to_hf_moe(mg: Mapping[str, torch.Tensor], moe: MoEShape, layer: int) -> Tensors:
+    """Inverse of ``hf_to_megatron_moe``."""
+    src, dst = _experts(layer)
+    out = {src + "gate.weight": mg[dst + "router.weight"]}
+    for e in range(moe.num_experts):
+        fc = f"{dst}experts.local_experts.{e}."
+        gate, up = split_gate_up(mg[fc + "linear_fc1.weight"])
+        out.update(
+            {
+                f"{src}experts.{e}.gate_proj.weight": gate,
+                f"{src}experts.{e}.up_proj.weight": up,
+                f"{src}experts.{e}.down_proj.weight": mg[fc + "linear_fc2.weight"],
+            }
+        )
+    return out
+
+
+def local_experts(num_experts: int, expert_parallel: int, ep_rank: int) -> range:
+    """The global indices of the experts EP rank ``ep_rank`` holds (megatron-core: contiguous blocks)."""
+    if num_experts % expert_parallel:
+        raise ValueError(f"{num_experts} experts do not split over {expert_parallel} expert-parallel ranks")
+    per = num_experts // expert_parallel
+    return range(ep_rank * per, (ep_rank + 1) * per)

@@ -1,0 +1,148 @@
+"""Qwen3-MoE's pure parts for the megatron backend (trainer/megatron/moe.py), against the real libraries:
+transformers' Qwen3MoeForCausalLM decides which layers are MoE and routes tokens, megatron-core's local
+spec builds the MoE layer whose tensor names and shapes the conversion must produce."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from rljob_runtime.trainer.megatron.moe import (
+    hf_to_megatron_moe,
+    local_experts,
+    megatron_to_hf_moe,
+    moe_config_fields,
+    moe_shape,
+)
+
+TINY: dict[str, Any] = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    moe_intermediate_size=16,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+
+
+def hf_model(tmp_path: Path, **over: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any]:
+    """A random tiny Qwen3MoeForCausalLM saved as a checkpoint is (config.json, safetensors on disk)."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**TINY, **over})).eval()
+    model.save_pretrained(tmp_path)
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(tmp_path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return json.loads((tmp_path / "config.json").read_text()), state, model
+
+
+@pytest.mark.parametrize(("step", "dense"), [(1, []), (1, [1]), (2, []), (2, [3])])
+def test_the_moe_layers_are_the_ones_transformers_builds(tmp_path: Path, step: int, dense: list[int]) -> None:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    config, _, model = hf_model(tmp_path, decoder_sparse_step=step, mlp_only_layers=dense)
+    moe = moe_shape(config)
+    assert moe is not None and (moe.num_experts, moe.top_k, moe.expert_ffn_hidden_size) == (8, 2, 16)
+    built = tuple(
+        i for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)
+    )
+    assert moe.moe_layers == built and built  # some layer is MoE in every case here
+
+
+def test_dense_configs_and_bad_numbers() -> None:
+    assert moe_shape({"num_hidden_layers": 2}) is None
+    with pytest.raises(ValueError, match=r"num_experts_per_tok 9 must be in 1\.\.num_experts"):
+        moe_shape({**TINY, "num_experts_per_tok": 9})
+    assert moe_shape({**TINY, "router_aux_loss_coef": 0.01}).aux_loss_coef == 0.0  # type: ignore[union-attr]
+    with_logits = moe_shape({**TINY, "router_aux_loss_coef": 0.01, "output_router_logits": True})
+    assert with_logits is not None and with_logits.aux_loss_coef == 0.01
+    assert moe_config_fields(with_logits)["moe_router_load_balancing_type"] == "aux_loss"
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_megatron_routes_every_token_as_transformers_does(norm_topk_prob: bool) -> None:
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    torch.manual_seed(1)
+    cfg = {**TINY, "norm_topk_prob": norm_topk_prob, "num_experts": 16, "num_experts_per_tok": 4}
+    router = Qwen3MoeTopKRouter(SimpleNamespace(**cfg))
+    router.weight.data.normal_()
+    x = torch.randn(64, cfg["hidden_size"])
+    _, weights, chosen = router(x)
+    want = torch.zeros(64, 16).scatter(1, chosen, weights.float())
+    fields = moe_config_fields(moe_shape({**cfg, "num_hidden_layers": 1}), cuda=False)  # type: ignore[arg-type]
+    probs, mask = topk_routing_with_score_function(
+        x @ router.weight.t(), 4, use_pre_softmax=fields["moe_router_pre_softmax"], score_function="softmax"
+    )
+    assert torch.equal(mask, want != 0)
+    assert torch.allclose(probs, want, atol=1e-6)
+
+
+def test_router_and_experts_convert_both_ways_with_megatron_s_names(
+    tmp_path: Path, cpu_megatron: None
+) -> None:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    from rljob_runtime.trainer.megatron.model import init_model_parallel
+    from rljob_runtime.trainer.megatron.parallel import Parallelism
+
+    config, hf, _ = hf_model(tmp_path, num_hidden_layers=2)
+    moe = moe_shape(config)
+    assert moe is not None and moe.moe_layers == (0, 1)
+    mg = {k: v for layer in moe.moe_layers for k, v in hf_to_megatron_moe(hf, moe, layer).items()}
+    back = {k: v for layer in moe.moe_layers for k, v in megatron_to_hf_moe(mg, moe, layer).items()}
+    moe_hf = {k: v for k, v in hf.items() if ".mlp." in k}
+    assert sorted(back) == sorted(moe_hf) and all(torch.equal(back[k], moe_hf[k]) for k in moe_hf)
+
+    # megatron-core's own MoE layer (local spec, SequentialMLP experts) has exactly these tensors
+    init_model_parallel(Parallelism(), 0)
+    tc = TransformerConfig(
+        num_layers=2,
+        hidden_size=config["hidden_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_query_groups=config["num_key_value_heads"],
+        kv_channels=config["head_dim"],
+        ffn_hidden_size=config["intermediate_size"],
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        qk_layernorm=True,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        **moe_config_fields(moe, cuda=False),
+    )
+    model = GPTModel(
+        config=tc,
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=moe.num_experts, qk_layernorm=True, normalization="RMSNorm"
+        ),
+        vocab_size=128,
+        max_sequence_length=64,
+    )
+    built = {k: tuple(v.shape) for k, v in model.named_parameters() if ".mlp." in k}
+    assert built == {k: tuple(v.shape) for k, v in mg.items()}
+
+
+def test_each_expert_parallel_rank_holds_a_contiguous_block() -> None:
+    assert [list(local_experts(8, 2, r)) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="6 experts do not split over 4"):
+        local_experts(6, 4, 0)
