@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import torch
 
 from .arch import ModelShape
+from .moe import MoEShape, hf_to_megatron_moe
 
 Tensors = dict[str, torch.Tensor]
 
@@ -104,22 +105,31 @@ def _take(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         raise KeyError(f"missing weight {name!r}") from None
 
 
-def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: ModelShape, padded_vocab: int) -> Tensors:
+def hf_to_megatron(
+    hf: Mapping[str, torch.Tensor], shape: ModelShape, padded_vocab: int, moe: MoEShape | None = None
+) -> Tensors:
     """An HF state dict -> the whole Megatron model's (TP=1, PP=1). ``lm_head.weight`` is ignored when
-    the embeddings are tied (transformers' state_dict carries it as an alias)."""
+    the embeddings are tied (transformers' state_dict carries it as an alias). ``moe``: the MoE layers'
+    MLP is their router and experts (``moe.py``)."""
     out: Tensors = {
         "embedding.word_embeddings.weight": pad_vocab(_take(hf, "model.embed_tokens.weight"), padded_vocab)
     }
     for i in range(shape.num_layers):
         src, dst = HF_LAYER.format(i), MG_LAYER.format(i)
+        sparse = moe is not None and moe.is_moe(i)
         for hf_name, mg_name in _DIRECT + (_QK_NORM if shape.qk_norm else ()):
-            out[dst + mg_name] = _take(hf, src + hf_name)
+            if not (sparse and hf_name.startswith("mlp.")):
+                out[dst + mg_name] = _take(hf, src + hf_name)
         attn = src + "self_attn."
         q, k, v = (_take(hf, f"{attn}{p}_proj.weight") for p in "qkv")
         out[dst + "self_attention.linear_qkv.weight"] = fuse_qkv(q, k, v, shape)
         if shape.qkv_bias:
             qb, kb, vb = (_take(hf, f"{attn}{p}_proj.bias") for p in "qkv")
             out[dst + "self_attention.linear_qkv.bias"] = fuse_qkv(qb, kb, vb, shape)
+        if sparse:
+            assert moe is not None
+            out.update(hf_to_megatron_moe(hf, moe, i))
+            continue
         gate, up = _take(hf, src + "mlp.gate_proj.weight"), _take(hf, src + "mlp.up_proj.weight")
         out[dst + "mlp.linear_fc1.weight"] = fuse_gate_up(gate, up)
     out["decoder.final_layernorm.weight"] = _take(hf, "model.norm.weight")

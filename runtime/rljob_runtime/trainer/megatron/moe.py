@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from .convert import HF_LAYER, MG_LAYER, fuse_gate_up, split_gate_up
-
 Tensors = dict[str, torch.Tensor]
+# convert.py's layer prefixes (convert.py imports this module: no import back)
+HF_LAYER = "model.layers.{}."
+MG_LAYER = "decoder.layers.{}."
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 
 
@@ -116,8 +117,9 @@ def hf_to_megatron_moe(hf: Mapping[str, torch.Tensor], moe: MoEShape, layer: int
         for e in range(moe.num_experts):
             expert = f"{src}experts.{e}."
             fc = f"{dst}experts.local_experts.{e}."
-            out[fc + "linear_fc1.weight"] = fuse_gate_up(
-                hf[expert + "gate_proj.weight"], hf[expert + "up_proj.weight"]
+            # SwiGLU's fc1 is [gate; up] along the output dim, as for the dense MLP (convert.fuse_gate_up)
+            out[fc + "linear_fc1.weight"] = torch.cat(
+                [hf[expert + "gate_proj.weight"], hf[expert + "up_proj.weight"]], dim=0
             )
             out[fc + "linear_fc2.weight"] = hf[expert + "down_proj.weight"]
     except KeyError as exc:
@@ -131,7 +133,7 @@ def megatron_to_hf_moe(mg: Mapping[str, torch.Tensor], moe: MoEShape, layer: int
     out = {src + "gate.weight": mg[dst + "router.weight"]}
     for e in range(moe.num_experts):
         fc = f"{dst}experts.local_experts.{e}."
-        gate, up = split_gate_up(mg[fc + "linear_fc1.weight"])
+        gate, up = (t.contiguous() for t in torch.chunk(mg[fc + "linear_fc1.weight"], 2, dim=0))
         out.update(
             {
                 f"{src}experts.{e}.gate_proj.weight": gate,
