@@ -1,7 +1,10 @@
 """Qwen3-MoE for the megatron backend, the pure parts: which layers are MoE, the megatron-core
 TransformerConfig fields that route as the HF model does, and the router and expert tensors between HF
-and Megatron names. Not yet wired in: ``arch.py`` does not accept MoE architectures and admission
-refuses ``parallelism.expert`` above 1, until the model is built, trained and synced end to end.
+and Megatron names (``convert.hf_to_megatron(..., moe=)`` converts a whole MoE checkpoint with them;
+its logits equal transformers' at EP 1 on CPU, tests/unit/test_megatron_moe.py). Not yet wired in:
+``arch.py`` does not accept MoE architectures and admission refuses ``parallelism.expert`` above 1,
+until the model is built, trained and synced end to end; a model mixing dense and MoE layers needs
+megatron-core's per-layer decoder specs, and the Megatron -> HF export of experts is not written.
 
 HF (transformers' Qwen3MoeSparseMoeBlock; the per-expert names a checkpoint stores on disk)::
 
