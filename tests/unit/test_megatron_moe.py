@@ -201,3 +201,138 @@ def test_a_megatron_moe_model_from_the_hf_checkpoint_gives_transformers_logits(
         ours = forward_logits(model, ids, shape)
         theirs = reference(input_ids=ids).logits
     assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), float((ours - theirs).abs().max())
+
+
+def test_an_expert_parallel_rank_takes_its_block_renumbered() -> None:
+    from rljob_runtime.trainer.megatron.moe import shard_experts
+
+    moe = moe_shape({**TINY, "num_experts": 4})
+    assert moe is not None
+    state = {"decoder.layers.0.mlp.router.weight": torch.zeros(4, 2)} | {
+        f"decoder.layers.0.mlp.experts.local_experts.{e}.linear_fc2.weight": torch.full((1,), float(e))
+        for e in range(4)
+    }
+    got = shard_experts(state, moe, 2, 1)
+    assert sorted(got) == [
+        "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+        "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
+        "decoder.layers.0.mlp.router.weight",
+    ]
+    assert [
+        float(got[f"decoder.layers.0.mlp.experts.local_experts.{i}.linear_fc2.weight"]) for i in (0, 1)
+    ] == [2.0, 3.0]
+
+
+def _moe_model(model_dir: str, ep: int, ep_rank: int) -> tuple[Any, Any]:
+    """The tiny MoE GPTModel at expert parallel ``ep`` (its groups made), loaded from the HF checkpoint."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from safetensors.torch import load_file
+
+    from rljob_runtime.trainer.megatron import model_shape
+    from rljob_runtime.trainer.megatron.convert import hf_to_megatron
+    from rljob_runtime.trainer.megatron.model import transformer_config
+    from rljob_runtime.trainer.megatron.moe import shard_experts
+    from rljob_runtime.trainer.megatron.parallel import Parallelism, padded_vocab_size
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hf = {k: v for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    moe = moe_shape(config)
+    assert moe is not None
+    shape = model_shape({**config, "architectures": ["Qwen3ForCausalLM"]})
+    par = Parallelism(dp=ep)  # megatron-core takes the EP ranks from the data-parallel ones
+    tc = transformer_config(
+        shape,
+        par,
+        dtype=torch.float32,
+        cpu_init=True,
+        overrides=moe_config_fields(moe, expert_parallel=ep, cuda=False),
+    )
+    padded = padded_vocab_size(shape.vocab_size, 1)
+    model = GPTModel(
+        config=tc,
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=moe.num_experts, qk_layernorm=True, normalization="RMSNorm"
+        ),
+        vocab_size=padded,
+        max_sequence_length=shape.max_position_embeddings,
+        parallel_output=False,
+        share_embeddings_and_output_weights=shape.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=shape.rope_theta,
+    )
+    state = shard_experts(hf_to_megatron(hf, shape, padded, moe=moe), moe, ep, ep_rank)
+    params = dict(model.named_parameters())
+    assert sorted(params) == sorted(state)
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name])
+    return model, shape
+
+
+def _loss_and_grads(model: Any, shape: Any, ids: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    from rljob_runtime.trainer.megatron.model import forward_logits
+
+    logits = forward_logits(model, ids[:, :-1], shape)
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
+    )
+    loss.backward()
+    return float(loss), {
+        k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None
+    }
+
+
+IDS = torch.randint(0, TINY["vocab_size"], (4, 10), generator=torch.Generator().manual_seed(5))
+
+
+def _ep_worker(rank: int, port: int, model_dir: str, out: str, ep: int) -> None:
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron_cpu import cpu_megatron_patches
+
+    moe_utils.te_general_gemm = None  # see the logits test
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep)
+    with cpu_megatron_patches():
+        ps.initialize_model_parallel(expert_model_parallel_size=ep, create_gloo_process_groups=False)
+        model, shape = _moe_model(model_dir, ep, ps.get_expert_model_parallel_rank())
+        loss, grads = _loss_and_grads(model, shape, IDS[rank::ep])  # each data-parallel rank its rows
+        torch.save(
+            {"loss": loss, "grads": grads, "ep_rank": ps.get_expert_model_parallel_rank()},
+            Path(out) / f"ep.{rank}",
+        )
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_expert_parallel_2_gives_the_loss_and_grads_of_one_rank(
+    tmp_path: Path, cpu_megatron: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EP 2 on two gloo ranks (allgather dispatcher, aux loss off) against EP 1 in this process: the
+    summed loss and every gradient equal (dense ones summed over the data-parallel ranks, each expert's
+    on the rank that holds it)."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from spawned_ranks import spawn_ranks
+
+    from rljob_runtime.trainer.megatron.model import init_model_parallel
+    from rljob_runtime.trainer.megatron.parallel import Parallelism
+
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    hf_model(tmp_path / "hf", num_experts=4)
+    spawn_ranks(_ep_worker, str(tmp_path / "hf"), str(tmp_path), 2)
+    init_model_parallel(Parallelism(), 0)
+    model, shape = _moe_model(str(tmp_path / "hf"), 1, 0)
+    loss, grads = _loss_and_grads(model, shape, IDS)
+    ranks = [torch.load(tmp_path / f"ep.{r}", weights_only=False) for r in range(2)]
+    assert sum(r["loss"] for r in ranks) == pytest.approx(loss, rel=1e-5)
+    for name, grad in grads.items():
+        head, sep, rest = name.partition(".experts.local_experts.")
+        if sep:  # expert e lives on EP rank e // 2 as its local expert e % 2
+            index, tail = rest.split(".", 1)
+            r = ranks[int(index) // 2]
+            got = r["grads"][f"{head}{sep}{int(index) % 2}.{tail}"]
+            # the expert's grad on its rank covers both ranks' tokens (the allgather dispatcher)
+        else:
+            got = ranks[0]["grads"][name] + ranks[1]["grads"][name]
+        assert torch.allclose(got, grad, atol=1e-5, rtol=1e-4), (name, float((got - grad).abs().max()))

@@ -153,3 +153,22 @@ def local_experts(num_experts: int, expert_parallel: int, ep_rank: int) -> range
         raise ValueError(f"{num_experts} experts do not split over {expert_parallel} expert-parallel ranks")
     per = num_experts // expert_parallel
     return range(ep_rank * per, (ep_rank + 1) * per)
+
+
+def shard_experts(
+    state: Mapping[str, torch.Tensor], moe: MoEShape, expert_parallel: int, ep_rank: int
+) -> Tensors:
+    """The whole model's Megatron tensors (global expert indices) -> what EP rank ``ep_rank`` holds:
+    every non-expert tensor, and its block of experts renumbered from 0 (megatron-core names a rank's
+    experts by local index)."""
+    mine = local_experts(moe.num_experts, expert_parallel, ep_rank)
+    out: Tensors = {}
+    for name, tensor in state.items():
+        head, sep, rest = name.partition(".experts.local_experts.")
+        if not sep:
+            out[name] = tensor
+            continue
+        index, tail = rest.split(".", 1)
+        if int(index) in mine:
+            out[f"{head}{sep}{int(index) - mine.start}.{tail}"] = tensor
+    return out
