@@ -155,48 +155,21 @@ def test_a_megatron_moe_model_from_the_hf_checkpoint_gives_transformers_logits(
     """EP 1 on CPU: the dense parts through convert.hf_to_megatron, the MoE layers through moe.py, into
     megatron-core's local-spec MoE GPTModel (allgather dispatcher); its logits equal transformers'."""
     import megatron.core.transformer.moe.moe_utils as moe_utils
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from rljob_runtime.trainer.megatron import model_shape
-    from rljob_runtime.trainer.megatron.convert import hf_to_megatron
-    from rljob_runtime.trainer.megatron.model import forward_logits, init_model_parallel, transformer_config
-    from rljob_runtime.trainer.megatron.parallel import Parallelism, padded_vocab_size
+    from rljob_runtime.trainer.megatron.model import forward_logits, init_model_parallel
+    from rljob_runtime.trainer.megatron.parallel import Parallelism
 
     # megatron-core 0.16.1 names te_general_gemm only when TransformerEngine imports: the router's
     # gating function then raises NameError; None selects its plain-torch path.
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
     # Every layer MoE: the local spec builds one MLP kind for all layers (a mix of dense and MoE layers
     # needs megatron-core's get_gpt_decoder_layer_specs with a per-layer moe_layer_freq: not yet).
-    config, hf, reference = hf_model(tmp_path, norm_topk_prob=norm_topk_prob)
+    config, _, reference = hf_model(tmp_path, norm_topk_prob=norm_topk_prob)
     moe = moe_shape(config)
     assert moe is not None and moe.moe_layers == (0, 1, 2, 3)
-    # The dense parts' shape (arch.py does not accept the MoE architecture yet)
-    shape = model_shape({**config, "architectures": ["Qwen3ForCausalLM"]})
-    par = Parallelism()
-    init_model_parallel(par, 0)
-    tc = transformer_config(
-        shape, par, dtype=torch.float32, cpu_init=True, overrides=moe_config_fields(moe, cuda=False)
-    )
-    padded = padded_vocab_size(shape.vocab_size, 1)
-    model = GPTModel(
-        config=tc,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            num_experts=moe.num_experts, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
-        ),
-        vocab_size=padded,
-        max_sequence_length=shape.max_position_embeddings,
-        parallel_output=False,
-        share_embeddings_and_output_weights=shape.tied_embeddings,
-        position_embedding_type="rope",
-        rotary_base=shape.rope_theta,
-    ).eval()
-    state = hf_to_megatron(hf, shape, padded, moe=moe)
-    params = dict(model.named_parameters())
-    assert sorted(params) == sorted(state)
+    init_model_parallel(Parallelism(), 0)
+    model, shape = _moe_model(str(tmp_path), 1, 0)
     with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(state[name])
         ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
         ours = forward_logits(model, ids, shape)
         theirs = reference(input_ids=ids).logits
