@@ -386,7 +386,9 @@ def bench() -> Any:
 def test_bench_fusion_options(bench: Any) -> None:
     default = bench.parse_args([])
     assert default.fusions == () and default.fused_adam
-    assert bench.model_fusions(default.swiglu, default.fusions) == {"swiglu"}
+    from mfu_spec import model_fusions  # the spec it builds from (BENCH is on sys.path: the fixture)
+
+    assert model_fusions(default.swiglu, default.fusions) == {"swiglu"}
     args = bench.parse_args(["--fusions", "rope, wgrad,norm", "--no-fused-adam", "--swiglu", "unfused"])
     assert args.fusions == ("norm", "rope", "wgrad") and not args.fused_adam
     assert set(fz.FUSIONS) == {"swiglu", *bench.EXTRA_FUSIONS}
