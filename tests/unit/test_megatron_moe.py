@@ -98,7 +98,7 @@ def test_router_and_experts_convert_both_ways_with_megatron_s_names(
     tmp_path: Path, cpu_megatron: None
 ) -> None:
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer import TransformerConfig
 
     from rljob_runtime.trainer.megatron.model import init_model_parallel
@@ -132,8 +132,8 @@ def test_router_and_experts_convert_both_ways_with_megatron_s_names(
     )
     model = GPTModel(
         config=tc,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            num_experts=moe.num_experts, qk_layernorm=True, normalization="RMSNorm"
+        transformer_layer_spec=get_gpt_decoder_block_spec(
+            tc, use_transformer_engine=False, normalization="RMSNorm"
         ),
         vocab_size=128,
         max_sequence_length=64,
@@ -162,11 +162,10 @@ def test_a_megatron_moe_model_from_the_hf_checkpoint_gives_transformers_logits(
     # megatron-core 0.16.1 names te_general_gemm only when TransformerEngine imports: the router's
     # gating function then raises NameError; None selects its plain-torch path.
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
-    # Every layer MoE: the local spec builds one MLP kind for all layers (a mix of dense and MoE layers
-    # needs megatron-core's get_gpt_decoder_layer_specs with a per-layer moe_layer_freq: not yet).
-    config, _, reference = hf_model(tmp_path, norm_topk_prob=norm_topk_prob)
+    # Layer 1 dense, the others MoE (megatron-core's block spec from moe_layer_freq)
+    config, _, reference = hf_model(tmp_path, norm_topk_prob=norm_topk_prob, mlp_only_layers=[1])
     moe = moe_shape(config)
-    assert moe is not None and moe.moe_layers == (0, 1, 2, 3)
+    assert moe is not None and moe.moe_layers == (0, 2, 3)
     init_model_parallel(Parallelism(), 0)
     model, shape = _moe_model(str(tmp_path), 1, 0)
     with torch.no_grad():
@@ -199,7 +198,7 @@ def test_an_expert_parallel_rank_takes_its_block_renumbered() -> None:
 def _moe_model(model_dir: str, ep: int, ep_rank: int) -> tuple[Any, Any]:
     """The tiny MoE GPTModel at expert parallel ``ep`` (its groups made), loaded from the HF checkpoint."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from safetensors.torch import load_file
 
     from rljob_runtime.trainer.megatron import model_shape
@@ -224,8 +223,8 @@ def _moe_model(model_dir: str, ep: int, ep_rank: int) -> tuple[Any, Any]:
     padded = padded_vocab_size(shape.vocab_size, 1)
     model = GPTModel(
         config=tc,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            num_experts=moe.num_experts, qk_layernorm=True, normalization="RMSNorm"
+        transformer_layer_spec=get_gpt_decoder_block_spec(
+            tc, use_transformer_engine=False, normalization="RMSNorm"
         ),
         vocab_size=padded,
         max_sequence_length=shape.max_position_embeddings,

@@ -49,6 +49,7 @@ class MoEShape:
     expert_ffn_hidden_size: int
     norm_topk_prob: bool
     moe_layers: tuple[int, ...]  # the decoder layers whose MLP is the MoE block
+    num_layers: int
     aux_loss_coef: float  # router_aux_loss_coef when the config asks for router logits, else 0
 
     def is_moe(self, layer: int) -> bool:
@@ -78,6 +79,7 @@ def moe_shape(config: Mapping[str, Any]) -> MoEShape | None:
         expert_ffn_hidden_size=int(config["moe_intermediate_size"]),
         norm_topk_prob=bool(config.get("norm_topk_prob", False)),
         moe_layers=layers,
+        num_layers=int(config["num_hidden_layers"]),
         aux_loss_coef=float(config.get("router_aux_loss_coef", 0.0))
         if config.get("output_router_logits")
         else 0.0,
@@ -102,6 +104,8 @@ def moe_config_fields(moe: MoEShape, *, expert_parallel: int = 1, cuda: bool = T
         "moe_aux_loss_coeff": moe.aux_loss_coef,
         "expert_model_parallel_size": expert_parallel,
         "moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
+        # per layer, 1 for MoE (megatron-core's integer form counts layers differently from HF's step)
+        "moe_layer_freq": [int(moe.is_moe(i)) for i in range(moe.num_layers)],
     }
     if not cuda:
         fields["variable_seq_lengths"] = False
