@@ -16,7 +16,6 @@ pytest.importorskip("megatron.core")
 from rljob_runtime.trainer.megatron.moe import (
     hf_to_megatron_moe,
     local_experts,
-    megatron_to_hf_moe,
     moe_config_fields,
     moe_shape,
 )
@@ -101,16 +100,20 @@ def test_router_and_experts_convert_both_ways_with_megatron_s_names(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer import TransformerConfig
 
+    from rljob_runtime.trainer.megatron import model_shape
+    from rljob_runtime.trainer.megatron.convert import hf_to_megatron, megatron_to_hf
     from rljob_runtime.trainer.megatron.model import init_model_parallel
-    from rljob_runtime.trainer.megatron.parallel import Parallelism
+    from rljob_runtime.trainer.megatron.parallel import Parallelism, padded_vocab_size
 
     config, hf, _ = hf_model(tmp_path, num_hidden_layers=2)
     moe = moe_shape(config)
     assert moe is not None and moe.moe_layers == (0, 1)
     mg = {k: v for layer in moe.moe_layers for k, v in hf_to_megatron_moe(hf, moe, layer).items()}
-    back = {k: v for layer in moe.moe_layers for k, v in megatron_to_hf_moe(mg, moe, layer).items()}
-    moe_hf = {k: v for k, v in hf.items() if ".mlp." in k}
-    assert sorted(back) == sorted(moe_hf) and all(torch.equal(back[k], moe_hf[k]) for k in moe_hf)
+    # the whole checkpoint there and back (the export the engines and HF checkpoints get)
+    shape = model_shape({**config, "architectures": ["Qwen3ForCausalLM"]})
+    whole = hf_to_megatron(hf, shape, padded_vocab_size(shape.vocab_size, 1), moe=moe)
+    back = megatron_to_hf(whole, shape)
+    assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
 
     # megatron-core's own MoE layer (local spec, SequentialMLP experts) has exactly these tensors
     init_model_parallel(Parallelism(), 0)

@@ -3,8 +3,9 @@ TransformerConfig fields that route as the HF model does, and the router and exp
 and Megatron names (``convert.hf_to_megatron(..., moe=)`` converts a whole MoE checkpoint with them;
 its logits equal transformers' at EP 1 on CPU, tests/unit/test_megatron_moe.py). Not yet wired in:
 ``arch.py`` does not accept MoE architectures and admission refuses ``parallelism.expert`` above 1,
-until the model is built, trained and synced end to end; a model mixing dense and MoE layers needs
-megatron-core's per-layer decoder specs, and the Megatron -> HF export of experts is not written.
+until the model is built, trained and synced end to end. ``convert.megatron_to_hf`` exports the router
+and experts back (global expert indices: an EP rank's must be renumbered first); megatron-core's
+``get_gpt_decoder_block_spec`` builds dense and MoE layers from ``moe_layer_freq``.
 
 HF (transformers' Qwen3MoeSparseMoeBlock; the per-expert names a checkpoint stores on disk)::
 
@@ -131,23 +132,6 @@ def hf_to_megatron_moe(hf: Mapping[str, torch.Tensor], moe: MoEShape, layer: int
             out[fc + "linear_fc2.weight"] = hf[expert + "down_proj.weight"]
     except KeyError as exc:
         raise KeyError(f"missing weight {exc.args[0]!r} of MoE layer {layer}") from None
-    return out
-
-
-def megatron_to_hf_moe(mg: Mapping[str, torch.Tensor], moe: MoEShape, layer: int) -> Tensors:
-    """Inverse of ``hf_to_megatron_moe``."""
-    src, dst = _experts(layer)
-    out = {src + "gate.weight": mg[dst + "router.weight"]}
-    for e in range(moe.num_experts):
-        fc = f"{dst}experts.local_experts.{e}."
-        gate, up = (t.contiguous() for t in torch.chunk(mg[fc + "linear_fc1.weight"], 2, dim=0))
-        out.update(
-            {
-                f"{src}experts.{e}.gate_proj.weight": gate,
-                f"{src}experts.{e}.up_proj.weight": up,
-                f"{src}experts.{e}.down_proj.weight": mg[fc + "linear_fc2.weight"],
-            }
-        )
     return out
 
 
