@@ -31,7 +31,6 @@ class HostMemory:
     peak_rss_gb: float  # since the previous reset
     used_gb: float  # the container's usage, or the node's used memory
     limit_gb: float  # the container's limit, or the node's total
-    scope: str  # "cgroup" or "node"
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -111,10 +110,5 @@ def read_host_memory(reset_peak: bool = True) -> HostMemory | None:
     peak = parse_status_kb(status, "VmHWM") or rss
     if reset_peak:
         reset_peak_rss()
-    container = container_limit()
-    if container is not None:
-        used, limit, scope = container[0], container[1], "cgroup"
-    else:
-        node = parse_meminfo(meminfo) or (0, 0)
-        used, limit, scope = node[0], node[1], "node"
-    return HostMemory(rss / GB, max(peak, rss) / GB, used / GB, limit / GB, scope)
+    used, limit = container_limit() or parse_meminfo(meminfo) or (0, 0)
+    return HostMemory(rss / GB, max(peak, rss) / GB, used / GB, limit / GB)

@@ -73,11 +73,13 @@ def test_this_process_peak_grows_with_an_allocation_and_restarts_after_a_reset()
         block[i] = 1
     during = read_host_memory()
     del block
-    read_host_memory()  # the peak restarted at `during`, with the block still held: a new one now
-    after = read_host_memory()
-    assert during is not None and after is not None
+    kept = read_host_memory(reset_peak=False)  # the peak restarted at `during`, with the block held
+    still = read_host_memory()  # ... and the read above left it running
+    after = read_host_memory()  # a new peak, started after the block was freed
+    assert during is not None and kept is not None and still is not None and after is not None
     assert during.peak_rss_gb >= first.rss_gb + 0.19
     if host_memory.reset_peak_rss():  # the kernel lets the peak restart: the new one lacks the block
+        assert still.peak_rss_gb > during.peak_rss_gb - 0.05
         assert after.peak_rss_gb < during.peak_rss_gb - 0.15
     assert set(during.as_metrics()) == {"host_rss_gb", "host_peak_rss_gb", "host_used_gb", "host_limit_gb"}
 

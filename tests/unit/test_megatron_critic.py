@@ -164,7 +164,7 @@ def test_a_checkpoint_without_a_critic_is_refused_by_name(
 
 def test_a_saved_value_head_is_loaded(cpu_megatron: None) -> None:
     from rljob_runtime.trainer.megatron import model_shape
-    from rljob_runtime.trainer.megatron.critic import attach_value_head, value_head_state
+    from rljob_runtime.trainer.megatron.critic import attach_value_head
     from rljob_runtime.trainer.megatron.model import build_gpt_model, init_model_parallel
     from rljob_runtime.trainer.megatron.parallel import Parallelism
 
@@ -173,10 +173,8 @@ def test_a_saved_value_head_is_loaded(cpu_megatron: None) -> None:
     h = CONFIG["hidden_size"]
     head = {HF_HEAD[0]: torch.randn(1, h), HF_HEAD[1]: torch.tensor([0.25])}
     attach_value_head(gpt, head)
-    state = value_head_state(gpt)
-    assert torch.equal(state[HF_HEAD[0]], head[HF_HEAD[0]]) and torch.equal(
-        state[HF_HEAD[1]], head[HF_HEAD[1]]
-    )
+    loaded = getattr(gpt, VALUE_HEAD)
+    assert torch.equal(loaded.weight, head[HF_HEAD[0]]) and torch.equal(loaded.bias, head[HF_HEAD[1]])
     with pytest.raises(ValueError, match=r"score.weight \(1, 3\) .* does not fit hidden size"):
         attach_value_head(
             build_gpt_model(model_shape(CONFIG), Parallelism(), dtype=torch.float32),

@@ -195,19 +195,28 @@ class Offloadable:
         """The rank's parameters, gradients and optimizer state to pinned CPU memory."""
         started, offloader = time.perf_counter(), self._offloader_ready()
         moved = offloader.offload() if offloader is not None else 0
-        return {**self.memory_use(), "bytes": float(moved), "seconds": time.perf_counter() - started}
+        # Peaks left running: the colocated turns read this phase's after it (memory_use)
+        return {
+            **self.memory_use(reset_peaks=False),
+            "bytes": float(moved),
+            "seconds": time.perf_counter() - started,
+        }
 
     def onload(self) -> dict[str, float]:
         started, offloader = time.perf_counter(), self._offloader_ready()
         moved = offloader.onload() if offloader is not None else 0
-        return {**self.memory_use(), "bytes": float(moved), "seconds": time.perf_counter() - started}
+        return {
+            **self.memory_use(reset_peaks=False),
+            "bytes": float(moved),
+            "seconds": time.perf_counter() - started,
+        }
 
-    def memory_use(self) -> dict[str, float]:
-        """GPU GB allocated and reserved now, and the peak reserved since the previous call; host GB
-        (``host_memory``): this rank's RSS and its peak since the previous call, and the container's
-        (or node's) used and limit. Each call starts new peaks: the colocated turns read it after
-        every phase."""
-        host = read_host_memory()
+    def memory_use(self, reset_peaks: bool = True) -> dict[str, float]:
+        """GPU GB allocated and reserved now, and the peak reserved since the peaks were last reset;
+        host GB (``host_memory``): this rank's RSS and its peak likewise, and the container's (or
+        node's) used and limit. ``reset_peaks``: start new peaks (the colocated turns read this after
+        every phase, so each phase gets its own)."""
+        host = read_host_memory(reset_peak=reset_peaks)
         host_metrics = host.as_metrics() if host is not None else {}
         if self.device.type != "cuda":
             return {"allocated_gb": 0.0, "reserved_gb": 0.0, "peak_reserved_gb": 0.0, **host_metrics}
@@ -217,7 +226,8 @@ class Offloadable:
             "reserved_gb": torch.cuda.memory_reserved(self.device) / 1e9,
             "peak_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 1e9,
         }
-        torch.cuda.reset_peak_memory_stats(self.device)
+        if reset_peaks:
+            torch.cuda.reset_peak_memory_stats(self.device)
         return out
 
     def weights_resident(self) -> contextlib.AbstractContextManager[Any]:

@@ -45,12 +45,12 @@ from rljob_api.spec import RLTrainingJobSpec
 
 from ..base import LogProbs, Metrics, TrainBatch, lr_at, pad_columns
 from ..critic import CRITIC_DIR
-from ..offload import Group, grads, module_tensors, optimizer_tensors
+from ..offload import Group, module_tensors, optimizer_tensors
 from ..rank_base import TrainerRankBase, needs_reference, set_seed
 from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
 from .critic import MegatronCritic
-from .policy import build_policy, build_reference, model_options
+from .policy import build_policy, build_reference, ddp_grad_tensors, ddp_weight_tensors, model_options
 from .schedule import (
     accumulate,
     from_last_stage,
@@ -345,7 +345,7 @@ class MegatronTrainerRank(TrainerRankBase):
         assert self.critic is not None
         algo = self.spec.algorithm
         return self.critic.step(
-            [batch.select(rows) for rows in micro_batches],
+            batch,
             micro_batches,
             old_values,
             returns,
@@ -384,28 +384,15 @@ class MegatronTrainerRank(TrainerRankBase):
         """What leaves the GPU in a colocated job's engine turn (``offload.Offloadable``): the bf16
         parameters (views into DDP's param buffers), the fp32 gradient buffers (rewritten every step:
         not copied), the optimizer's fp32 main parameters and moments, the reference model, and the
-        critic's weights, gradients and optimizer state (ppo) in the same groups. DDP's own
-        ``buffers`` attribute is its list of param/grad buffers (it shadows ``Module.buffers``), so
-        the module's tensors are read from ``self.model.module``."""
-
-        def ddp_buffers() -> list[Any]:
-            return [*self.model.buffers, *self.model.expert_parallel_buffers]
-
+        critic's weights, gradients and optimizer state (ppo) in the same groups
+        (``policy.ddp_weight_tensors``, ``ddp_grad_tensors``)."""
         critic = self.critic
         return {
             "weights": Group(
-                lambda: [
-                    *module_tensors(self.model.module),
-                    *(b.param_data for b in ddp_buffers()),
-                    *(critic.weight_tensors() if critic else []),
-                ]
+                lambda: [*ddp_weight_tensors(self.model), *(critic.weight_tensors() if critic else [])]
             ),
             "grads": Group(
-                lambda: [
-                    *(b.grad_data for b in ddp_buffers()),
-                    *grads(self.model.module),
-                    *(critic.grad_tensors() if critic else []),
-                ],
+                lambda: [*ddp_grad_tensors(self.model), *(critic.grad_tensors() if critic else [])],
                 keep=False,
             ),
             "training": Group(

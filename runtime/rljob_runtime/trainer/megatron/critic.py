@@ -35,9 +35,9 @@ from rljob_api.spec_training import OptimizerSpec
 from ...algo.losses import value_loss
 from ..base import Metrics, TrainBatch
 from ..critic import critic_optimizer_spec, critic_path
-from ..offload import grads, module_tensors, optimizer_tensors
+from ..offload import optimizer_tensors
 from .parallel import Parallelism
-from .policy import ModelOptions, build_policy
+from .policy import ModelOptions, build_policy, ddp_grad_tensors, ddp_weight_tensors
 from .schedule import accumulate, from_last_stage, reduce_metrics, run_schedule
 
 Rows = slice | list[int]
@@ -95,14 +95,6 @@ def attach_value_head(gpt_model: Any, hf_state: Mapping[str, torch.Tensor] | Non
         return torch.nn.functional.linear(hidden, head.weight).squeeze(-1).float() + head.bias.float()
 
     gpt_model.forward = types.MethodType(values_forward, gpt_model)
-
-
-def value_head_state(gpt_model: Any) -> dict[str, torch.Tensor]:
-    """The head under transformers' names (``score.*``), for an HF export; {} off the last stage."""
-    head = getattr(gpt_model, VALUE_HEAD, None)
-    if head is None:
-        return {}
-    return {HF_HEAD[0]: head.weight.detach(), HF_HEAD[1]: head.bias.detach()}
 
 
 def response_values(values: torch.Tensor, mb: TrainBatch, *, packed: bool = False) -> torch.Tensor:
@@ -207,7 +199,7 @@ class MegatronCritic:
 
     def step(
         self,
-        mbs: Sequence[TrainBatch],
+        batch: TrainBatch,
         rows: Sequence[Rows],
         old_values: torch.Tensor,
         returns: torch.Tensor,
@@ -219,11 +211,12 @@ class MegatronCritic:
         packed: bool,
     ) -> Metrics:
         """One critic optimizer step (the clipped value loss) over the policy step's micro-batches
-        ``mbs`` (rows ``rows`` of ``old_values`` and ``returns``); its metrics as the torch backend's
+        (rows ``rows`` of ``batch``, ``old_values`` and ``returns``); its metrics as the torch backend's
         critic reports them: value_loss, value_clipfrac, value_mean, critic_grad_norm, critic_lr,
         critic_skipped_step."""
         from megatron.core import parallel_state as ps
 
+        mbs = [batch.select(r) for r in rows]
         scale = float(len(mbs) * self.par.dp)  # what Megatron divides the returned loss by (as the policy's)
         sums: dict[str, torch.Tensor] = {}
         row_iter = iter(rows)
@@ -245,7 +238,7 @@ class MegatronCritic:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        run_schedule(self.model, list(mbs), loss_fn, forward_only=False, device=self.device, packed=packed)
+        run_schedule(self.model, mbs, loss_fn, forward_only=False, device=self.device, packed=packed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         stepped, grad_norm, _ = self.optimizer.step()
@@ -260,14 +253,11 @@ class MegatronCritic:
 
     # ------------------------------------------------------------------ offload and checkpoints
 
-    def ddp_buffers(self) -> list[Any]:
-        return [*self.model.buffers, *self.model.expert_parallel_buffers]
-
     def weight_tensors(self) -> list[torch.Tensor]:
-        return [*module_tensors(self.model.module), *(b.param_data for b in self.ddp_buffers())]
+        return ddp_weight_tensors(self.model)
 
-    def grad_tensors(self) -> list[torch.Tensor]:
-        return [*(b.grad_data for b in self.ddp_buffers()), *grads(self.model.module)]
+    def grad_tensors(self) -> list[torch.Tensor | None]:
+        return ddp_grad_tensors(self.model)
 
     def optimizer_tensors(self) -> list[torch.Tensor]:
         return list(optimizer_tensors(self.optimizer))

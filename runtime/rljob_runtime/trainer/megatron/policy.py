@@ -18,6 +18,7 @@ import torch
 from rljob_api.spec import RLTrainingJobSpec
 from rljob_api.spec_training import MEGATRON_FUSIONS
 
+from ..offload import grads, module_tensors
 from .arch import ModelShape
 from .megatron_args import MegatronOverrides
 from .megatron_args import overrides as megatron_overrides
@@ -186,3 +187,17 @@ def build_reference(
         return ref, None
     return_hidden_states(ref)
     return ref, chunked_head(ref, _tp_group(par))
+
+
+def ddp_weight_tensors(model: Any) -> list[torch.Tensor]:
+    """What a model under Megatron DDP holds as weights: the module's parameters and buffers and DDP's
+    param buffers (DDP's own ``buffers`` attribute is that list: it shadows ``Module.buffers``, so the
+    module's tensors are read from ``model.module``); for the colocated turns' offload groups."""
+    buffers = [*model.buffers, *model.expert_parallel_buffers]
+    return [*module_tensors(model.module), *(b.param_data for b in buffers)]
+
+
+def ddp_grad_tensors(model: Any) -> list[torch.Tensor | None]:
+    """Its gradients: DDP's fp32 grad buffers and the parameters' grad / main_grad views."""
+    buffers = [*model.buffers, *model.expert_parallel_buffers]
+    return [*(b.grad_data for b in buffers), *grads(model.module)]
