@@ -71,8 +71,9 @@ _SPEC_RULES = (
         field=".training.parallelism",
         check=lambda s: trainer_gpus(s) % model_parallel_size(s) == 0,
     ),
-    # (training.parallelism.expert above 1 is refused until MoE is supported: support.py; the layout
-    # rule "expert divides the trainer GPUs per pipeline stage" comes back with it.)
+    # (training.parallelism.expert above 1 is refused until expert parallelism is shown on GPUs:
+    # support.py. Whether it divides a pipeline stage's ranks and the model's experts is checked by the
+    # runtime against config.json: trainer/megatron/parallel.py.)
     Rule(
         # Only checked once the model-parallel rule holds (it reports that case), so the divisor is >= 1.
         cel=f"{_TRAINER_GPUS} % {_MODEL_PARALLEL} != 0 || self.training.globalBatchSize % "

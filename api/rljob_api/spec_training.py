@@ -27,7 +27,10 @@ class ParallelismSpec(ApiModel):
         default=1,
         ge=1,
         le=1024,
-        description="Expert-parallel size for MoE models (Megatron EP). Not supported yet: only 1 runs.",
+        description="Expert-parallel size for MoE models (Megatron EP): the experts are split over this "
+        "many of the data-parallel ranks. The megatron backend builds MoE models (Qwen3-MoE) at 1, every "
+        "rank holding every expert. Not supported yet above 1: expert parallelism has run only on CPU "
+        "ranks in tests, not yet on GPUs; a dense model refuses it.",
     )
     sequence_parallel: bool = Field(
         default=False,

@@ -133,3 +133,17 @@ def test_another_layout_restores_what_maps() -> None:
         saved, tp2, {"tp": 1, "pp": 1, "dp": 2}, {"tp_rank": 0, "pp_rank": 0, "dp_rank": 1}
     )
     assert state["id"] == 0 and not tracker and "TP size changed" in how
+
+
+def test_another_expert_parallel_size_is_another_layout() -> None:
+    """EP splits the data-parallel ranks without changing their coordinates: only the recorded "ep"
+    tells the layouts apart. A checkpoint saved before "ep" was recorded ran at EP 1."""
+    saved = _saved(1, 1, 2)
+    coords = {"tp_rank": 0, "pp_rank": 0, "dp_rank": 1}
+    ep2 = {"tp": 1, "pp": 1, "dp": 2, "ep": 2}
+    state, tracker, how = ckpt.pick_rng(saved, {**ep2, "ep": 1}, ep2, coords)
+    assert state["id"] == 0 and tracker and how.startswith("generators of saved rank 0")
+    assert ckpt.pick_rng(saved, ep2, ep2, coords)[2].startswith("exact")
+    before_ep = {"tp": 1, "pp": 1, "dp": 2}
+    assert ckpt.pick_rng(saved, before_ep, {**ep2, "ep": 1}, coords)[2].startswith("exact")
+    assert not ckpt.pick_rng(saved, before_ep, ep2, coords)[2].startswith("exact")

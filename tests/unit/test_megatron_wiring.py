@@ -120,6 +120,61 @@ def test_two_threads_queue_the_ranks_collectives_in_one_order(monkeypatch: pytes
     assert len(per_rank[0]) == 40 and per_rank[0] == per_rank[1]
 
 
+EXPORTING = ("named_tensors", "write_weights", "begin_ipc", "weight_bucket_specs", "broadcast_weights")
+
+
+def _export_calls(group: TrainerGroup, calls: list[tuple[int, str, Any]]) -> dict[str, list[int]]:
+    """Which ranks each exporting operation of ``group`` reaches."""
+    group.named_tensors()
+    group.write_weights(None, None)
+    group.begin_ipc(1 << 20, "flattened", None)
+    group.weight_bucket_specs(1 << 20)
+    group.broadcast_weights([])
+    return {m: [rank for rank, name, _ in calls if name == m] for m in EXPORTING}
+
+
+@pytest.mark.parametrize(
+    ("layouts", "exporters"),
+    [
+        # EP 2 over DP 2 (an MoE model): the expert gather is a collective of both data-parallel ranks.
+        ([{"dp_rank": 0, "exports_weights": 1}, {"dp_rank": 1, "exports_weights": 1}], [0, 1]),
+        # TP 2 x DP 2, dense: data-parallel rank 0's replica.
+        ([{"dp_rank": d, "exports_weights": int(d == 0)} for d in (0, 0, 1, 1)], [0, 1]),
+        # EP 2 of DP 4: ranks 0 and 1 hold the experts of replica 0 between them.
+        ([{"dp_rank": d, "exports_weights": int(d < 2)} for d in range(4)], [0, 1]),
+        # a layout without the key (the torch backend's ranks have none): data-parallel rank 0.
+        ([{"dp_rank": 0}, {"dp_rank": 1}], [0]),
+    ],
+)
+def test_every_exporting_rank_joins_the_export(
+    monkeypatch: pytest.MonkeyPatch, layouts: list[dict[str, int]], exporters: list[int]
+) -> None:
+    import rljob_runtime.trainer.group as group_mod
+
+    calls: list[tuple[int, str, Any]] = []
+    group = TrainerGroup(_spec(gpus=len(layouts)), [_FakeRank(calls, i) for i in range(len(layouts))])
+    group.use_layouts(layouts)
+    monkeypatch.setattr(group_mod, "_gather", lambda refs, timeout_s=None: [r.value for r in refs])
+    assert group.dp_ranks == [lay["dp_rank"] for lay in layouts]
+    assert _export_calls(group, calls) == {m: exporters for m in EXPORTING}
+
+
+def test_a_group_without_layouts_exports_from_data_parallel_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rljob_runtime.trainer.group as group_mod
+
+    calls: list[tuple[int, str, Any]] = []
+    group = TrainerGroup(_spec(gpus=2), [_FakeRank(calls, i) for i in range(2)])  # the torch backend's
+    monkeypatch.setattr(group_mod, "_gather", lambda refs, timeout_s=None: [r.value for r in refs])
+    assert _export_calls(group, calls) == {m: [0] for m in EXPORTING}
+
+
+def test_global_rank_0_must_export() -> None:
+    from rljob_runtime.trainer.group import exporting_ranks
+
+    with pytest.raises(ValueError, match="global rank 0 does not export the weights"):
+        exporting_ranks([{"dp_rank": 0, "exports_weights": 0}, {"dp_rank": 1, "exports_weights": 1}])
+
+
 # ------------------------------------------------------------------------------- prepare refusals
 
 
@@ -218,3 +273,33 @@ def test_prepare_names_every_unsupported_option() -> None:
     assert any("training.parallelism.sequenceParallel" in n for n in names)
     with pytest.raises(RunError, match=r"not supported by this runtime yet: .*parallelism.expert above 1"):
         prepare(spec)
+
+
+def test_expert_parallelism_is_refused_at_admission_saying_expert_1_runs_moe() -> None:
+    with pytest.raises(ValueError) as err:
+        _spec(gpus=2, training={"parallelism": {"expert": 2}})
+    message = str(err.value)
+    assert "training.parallelism.expert above 1 (expert parallelism is not yet shown on GPUs" in message
+    assert "builds MoE models (Qwen3-MoE) at expert 1" in message
+
+
+def test_prepare_names_the_expert_field_for_a_dense_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past admission (once it accepts expert > 1), a dense model meets the layout's refusal naming
+    training.parallelism.expert."""
+    from rljob_api import support
+
+    field = ".training.parallelism.expert"
+    monkeypatch.setattr(support, "LIMITS", tuple(lim for lim in support.LIMITS if lim.field != field))
+    rules = tuple(rule for rule in RLTrainingJobSpec.rules if rule.field != field)
+    monkeypatch.setattr(RLTrainingJobSpec, "rules", rules)
+    base = _spec(gpus=2, path=_model(tmp_path, SMOLLM2_135M))
+    par = base.training.parallelism.model_copy(update={"expert": 2})
+    spec = base.model_copy(update={"training": base.training.model_copy(update={"parallelism": par})})
+    with pytest.raises(RunError) as err:
+        prepare(spec)
+    assert str(err.value) == (
+        "training.backend megatron: parallelism does not fit LlamaForCausalLM: training.parallelism.expert "
+        "2 needs an MoE model (LlamaForCausalLM has no experts): set it to 1"
+    )

@@ -4,13 +4,14 @@ The driver hands over a whole rollout (plain Samples and CPU tensors); the group
 global batch (one optimizer step) split into contiguous shares, one per data-parallel rank
 (``rank_rows``), and reassembles per-token results in the samples' order. With the megatron backend
 the ranks of one model replica (its TP x PP peers, same data-parallel rank) all get that replica's
-rows (``replica_rows``) and the results are read from one of them (``replica_leaders``).
+rows (``replica_rows``) and the results are read from one of them (``replica_leaders``). Exporting
+the weights is a collective of the ranks whose layout says ``exports_weights`` (``exporting_ranks``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +54,16 @@ def _gather(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
 CONTROL_GROUP = "control"
 
 
+def exporting_ranks(layouts: Sequence[Mapping[str, int]]) -> list[bool]:
+    """Per rank, whether it takes part in the weights' export (a collective): its layout's
+    ``exports_weights``, or data-parallel rank 0 for a layout without it. Global rank 0 must be one
+    of them: it is the one rank that sends (``weight_source.WeightSource``)."""
+    exports = [bool(lay.get("exports_weights", int(lay["dp_rank"]) == 0)) for lay in layouts]
+    if exports and not exports[0]:
+        raise ValueError(f"global rank 0 does not export the weights (layouts: {list(layouts)})")
+    return exports
+
+
 def rank_class(backend: str) -> type[TrainerRank]:
     """The rank class of a trainer backend (megatron's imports megatron-core only on its actors); the
     return type has the type checker hold both classes to ``TrainerRank``."""
@@ -79,7 +90,16 @@ class TrainerGroup:
         self.actors = actors  # Ray actor handles, rank order
         # Data-parallel rank of each actor: the torch backend is data parallel only (rank = dp rank).
         self.dp_ranks = list(range(len(actors))) if dp_ranks is None else dp_ranks
+        self.exports: list[bool] | None = None  # per actor, from its layout (None: dp rank 0's ranks)
         self._submitting = threading.Lock()
+
+    def use_layouts(self, layouts: Sequence[Mapping[str, int]]) -> None:
+        """Take each rank's place from its ``layout()`` (megatron): its data-parallel rank, and whether
+        it takes part in exporting the weights."""
+        if len(layouts) != len(self.actors):
+            raise ValueError(f"{len(layouts)} layouts for {len(self.actors)} ranks")
+        self.dp_ranks = [int(lay["dp_rank"]) for lay in layouts]
+        self.exports = exporting_ranks(layouts)
 
     def _submit(self, calls: Callable[[], list[Any]]) -> list[Any]:
         """Submit one operation's calls to its ranks together (see the class docstring); the refs."""
@@ -136,7 +156,7 @@ class TrainerGroup:
             addr, port = ray.get(actors[0].master_address.remote())
             _gather([a.init_process_group.remote(addr, port) for a in actors])
             if spec.training.backend == "megatron":
-                group.dp_ranks = [int(lay["dp_rank"]) for lay in _gather([a.layout.remote() for a in actors])]
+                group.use_layouts(_gather([a.layout.remote() for a in actors]))
         except BaseException:
             group.shutdown()
             raise
@@ -257,9 +277,11 @@ class TrainerGroup:
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
     def _exporters(self) -> list[Any]:
-        """The ranks of data-parallel rank 0's replica, global rank 0 first: exporting the weights is
-        a collective of theirs (megatron gathers TP/PP shards; the torch backend's replica is rank 0)."""
-        return [a for a, d in zip(self.actors, self.dp_ranks, strict=True) if d == 0]
+        """The ranks that export the weights together, global rank 0 first (the one sender): data-
+        parallel rank 0's replica (megatron gathers TP/PP shards; the torch backend's replica is rank
+        0), and with an MoE model at expert parallel size > 1 the EP peers holding its other experts."""
+        exports = [d == 0 for d in self.dp_ranks] if self.exports is None else self.exports
+        return [a for a, e in zip(self.actors, exports, strict=True) if e]
 
     def _from_rank0(self, method: str, *args: Any) -> Any:
         return _gather(self._submit(lambda: [getattr(a, method).remote(*args) for a in self._exporters()]))[0]

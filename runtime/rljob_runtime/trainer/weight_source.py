@@ -4,8 +4,9 @@ the CPU tensor format). The transports (``sync/``) drive these through ``Trainer
 
 A backend rank mixes this in and provides ``device_weights()``: its policy under HF names on its own
 device, whole, on the rank that sends (global rank 0) and ``{}`` elsewhere. For megatron that is a
-collective of data-parallel rank 0's TP x PP ranks (TP gather, PP merge), so the group calls the
-exporting methods on all of them. Only global rank 0 shares buckets or joins the weight-update group.
+collective of data-parallel rank 0's TP x PP ranks (TP gather, PP merge) and, for an MoE model at
+expert parallel size > 1, of their EP peers (the expert gather), so the group calls the exporting
+methods on all of them (the ranks whose ``layout()`` says ``exports_weights``). Only global rank 0 shares buckets or joins the weight-update group.
 A rank whose state is offloaded (colocated runs) makes its weights resident for an export
 (``weights_resident``, provided by the backend).
 """

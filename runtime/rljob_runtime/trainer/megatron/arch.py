@@ -1,10 +1,12 @@
 """Which Hugging Face architectures the megatron backend builds, and their shape.
 
-All three supported architectures are Llama-like decoders with the same HF weight names: RMSNorm,
-SwiGLU MLP, grouped-query attention, RoPE. They differ in qkv bias (Qwen2), qk-norm (Qwen3) and
-whether the LM head is tied to the embedding, and in RoPE scaling: none, Llama 3.1+'s "llama3" or
-"linear" (``rope.py`` computes the frequencies). Anything outside that (other biases, sliding window,
-other RoPE types, other activations) is refused by name rather than silently converted wrong.
+All supported architectures are Llama-like decoders with the same HF weight names: RMSNorm,
+SwiGLU MLP, grouped-query attention, RoPE. They differ in qkv bias (Qwen2), qk-norm (Qwen3 and
+Qwen3-MoE) and whether the LM head is tied to the embedding, and in RoPE scaling: none, Llama 3.1+'s
+"llama3" or "linear" (``rope.py`` computes the frequencies). Qwen3-MoE is Qwen3 whose MoE layers' MLP
+is a router and experts (``ModelShape.moe``, from ``moe.moe_shape``). Anything outside that (other
+biases, sliding window, other RoPE types, other activations) is refused by name rather than silently
+converted wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from .moe import MOE_ARCHITECTURES, MoEShape, moe_shape
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    *MOE_ARCHITECTURES,
+)
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 # RoPE types (transformers' rope_type) whose frequencies rope.py reproduces; "default" is no scaling.
 # dynamic / yarn / longrope change with the sequence length or scale the attention: not built here.
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
@@ -55,11 +65,16 @@ class ModelShape:
     norm_eps: float
     max_position_embeddings: int
     rope_scaling: RopeScaling | None = None  # None: plain RoPE (rope_type "default")
+    moe: MoEShape | None = None  # None: a dense model (every layer's MLP is ffn_hidden_size wide)
 
     @property
     def heads_per_group(self) -> int:
         """Query heads sharing one key/value head."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
 
     @property
     def q_size(self) -> int:
@@ -81,7 +96,12 @@ def _as_dict(config: Any) -> dict[str, Any]:
 def _architecture(cfg: Mapping[str, Any]) -> str:
     archs = cfg.get("architectures") or []
     if not archs:  # a config built in code has no architectures list: infer from model_type
-        by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        by_type = {
+            "llama": "LlamaForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM",
+        }
         archs = [by_type.get(str(cfg.get("model_type")), f"model_type {cfg.get('model_type')!r}")]
     arch = str(archs[0])
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -174,9 +194,21 @@ def model_shape(config: Any) -> ModelShape:
         vocab_size=int(cfg["vocab_size"]),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch == "Qwen2ForCausalLM",
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in _QK_NORM_ARCHITECTURES,
         rope_theta=rope_theta,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         rope_scaling=rope_scaling,
+        moe=_moe(cfg, arch),
     )
+
+
+def _moe(cfg: Mapping[str, Any], arch: str) -> MoEShape | None:
+    """The MoE part of an MoE architecture's config; a dense architecture keeps None whatever its
+    config says (its layers have no router to convert)."""
+    if arch not in MOE_ARCHITECTURES:
+        return None
+    moe = moe_shape(cfg)
+    if moe is None:
+        raise UnsupportedModelError(f"{arch} without num_experts in the HF config")
+    return moe

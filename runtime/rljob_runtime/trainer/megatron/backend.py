@@ -24,7 +24,8 @@ packed-sequence parameters (``schedule.py``, ``attention.py``). ``training.offlo
 optimizer state streamed from host memory (``optimizer_offload.py``); ``memory_plan.py`` refuses a
 layout that cannot fit the GPU before anything is built. ``training.megatronArgs``: an allow-list
 (``megatron_args.py``). advantageEstimator ppo: a critic (``critic.py``) trained after each policy
-step and checkpointed beside it. Not yet: context parallelism (``checks.py`` refuses it).
+step and checkpointed beside it. MoE (``moe.py``, ``expert_parallel.py``): experts split over
+training.parallelism.expert of the data-parallel ranks. Not yet: context parallelism (``checks.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..rank_base import TrainerRankBase, needs_reference, set_seed
 from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
 from .critic import MegatronCritic
+from .expert_parallel import dispatchable, exports_weights
 from .policy import build_policy, build_reference, ddp_grad_tensors, ddp_weight_tensors, model_options
 from .schedule import (
     accumulate,
@@ -132,6 +134,9 @@ class MegatronTrainerRank(TrainerRankBase):
             "dp_rank": ps.get_data_parallel_rank(),
             "tp_rank": ps.get_tensor_model_parallel_rank(),
             "pp_rank": ps.get_pipeline_model_parallel_rank(),
+            "ep": self.par.ep,
+            "ep_rank": ps.get_expert_model_parallel_rank(),
+            "exports_weights": int(exports_weights(self.shape.moe is not None)),
         }
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
@@ -218,7 +223,7 @@ class MegatronTrainerRank(TrainerRankBase):
 
         self._require_resident("logprobs")
         plan = [rows for step in self._plan(batch) for rows in step]
-        mbs = [batch.select(rows) for rows in plan]
+        mbs = dispatchable([batch.select(rows) for rows in plan], self.model.config, self.par.ep)
         packed = self.packing
 
         def collect(
@@ -310,7 +315,7 @@ class MegatronTrainerRank(TrainerRankBase):
             accumulate(sums, metrics, mask)
             return loss * scale, {}
 
-        mbs = [batch.select(rows) for rows in micro_batches]
+        mbs = dispatchable([batch.select(rows) for rows in micro_batches], self.model.config, self.par.ep)
         row_iter = iter(micro_batches)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -359,26 +364,29 @@ class MegatronTrainerRank(TrainerRankBase):
     # -------------------------------------------------------------------------------- weights
 
     def device_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under HF names, whole (gathered over TP, merged over PP), on this GPU,
-        on the first rank of the replica (tp = pp = 0); {} on its other ranks. A collective of the
-        replica's TP x PP ranks. Tied models carry no lm_head.weight (as in their safetensors).
+        """The policy's weights under HF names, whole (gathered over TP, merged over PP, an MoE model's
+        experts gathered over EP), on this GPU, on the first rank of the replica (tp = pp = ep = 0); {}
+        on its other ranks. A collective of the replica's TP x PP ranks and their EP peers
+        (``expert_parallel.exports_weights``). Tied models carry no lm_head.weight (as in their safetensors).
         With pp > 1 the other stages travel through the CPU (gather_object): simple, not fast."""
         from megatron.core import parallel_state as ps
 
         from .model import export_hf_weights
 
         stage = export_hf_weights(self.model, self.shape, self.par)
-        tp0, pp_rank = ps.get_tensor_model_parallel_rank() == 0, ps.get_pipeline_model_parallel_rank()
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        # The sender: TP and EP rank 0 (the EP peers gathered the same experts).
+        first = ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
         if self.par.pp > 1:
             group = ps.get_pipeline_model_parallel_group()
             stages: list[Any] | None = [None] * self.par.pp if pp_rank == 0 else None
-            # Stage 0 of each PP group collects; only TP rank 0's copy is sent (TP peers hold the same).
-            mine = {k: v.cpu() for k, v in stage.items()} if tp0 and pp_rank > 0 else None
+            # Stage 0 of each PP group collects; only the sender's copy goes (TP / EP peers hold it too).
+            mine = {k: v.cpu() for k, v in stage.items()} if first and pp_rank > 0 else None
             dist.gather_object(mine, stages, dst=dist.get_global_rank(group, 0), group=group)
             device = next(iter(stage.values())).device
             for part in stages or []:
                 stage.update({k: v.to(device) for k, v in (part or {}).items()})
-        return stage if tp0 and pp_rank == 0 else {}
+        return stage if first and pp_rank == 0 else {}
 
     def _offload_groups(self) -> dict[str, Group]:
         """What leaves the GPU in a colocated job's engine turn (``offload.Offloadable``): the bf16
@@ -410,14 +418,14 @@ class MegatronTrainerRank(TrainerRankBase):
         layout loads; ``path/critic``: the critic's model and optimizer (ppo), another. A collective of every rank; when any rank fails to write, every rank raises
         (``CheckpointWriteError`` for write failures) instead of waiting for it."""
         self._require_resident("save")
-        from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
 
         from . import checkpoint as ckpt
         from . import dist_checkpoint as dcp
 
-        # Every replica holds the same weights: only data-parallel rank 0's ranks export them.
-        named = self.named_tensors() if ps.get_data_parallel_rank() == 0 else {}
+        # Every replica holds the same weights: only data-parallel rank 0's ranks (and the EP peers
+        # holding the rest of its experts) export them.
+        named = self.named_tensors() if exports_weights(self.shape.moe is not None) else {}
         mine = {
             "rank": self.rank,
             **{k: v for k, v in self.layout().items() if k.endswith("_rank")},
@@ -474,7 +482,8 @@ class MegatronTrainerRank(TrainerRankBase):
         return offload.resident() if offload is not None else contextlib.nullcontext()
 
     def _saved_layout(self) -> dict[str, int]:
-        return {"world_size": self.world_size, "tp": self.par.tp, "pp": self.par.pp, "dp": self.par.dp}
+        par = self.par
+        return {"world_size": self.world_size, "tp": par.tp, "pp": par.pp, "dp": par.dp, "ep": par.ep}
 
     def shutdown(self) -> None:
         from megatron.core import parallel_state as ps

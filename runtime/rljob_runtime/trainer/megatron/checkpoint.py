@@ -34,8 +34,11 @@ WEIGHTS_FILE = "model.safetensors"
 DIST_DIR = "dist"  # the Megatron distributed checkpoint inside one iteration's directory
 DIST_MARKER = "metadata.json"  # megatron-core's: {"sharded_backend": "torch_dist", ...}
 DIST_BACKEND = "torch_dist"
-# The layout keys of ``pick_rng`` (what a checkpoint's common state records as "layout").
-LAYOUT_KEYS = ("tp", "pp", "dp")
+# The layout keys of ``pick_rng`` (what a checkpoint's common state records as "layout"). "ep": the
+# expert-parallel size changes which EP rank (and RNG stream) a rank is at the same coordinates;
+# checkpoints saved before it was recorded ran at EP 1 (LAYOUT_DEFAULTS).
+LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
+LAYOUT_DEFAULTS = {"ep": 1}
 
 
 def write_hf_model(named: Mapping[str, torch.Tensor], source_dir: str | Path, dest: Path) -> None:
@@ -148,7 +151,7 @@ def restore_rng_state(state: Mapping[str, Any], *, generators: bool = True) -> d
 
 
 def layout_of(layout: Mapping[str, int]) -> tuple[int, ...]:
-    return tuple(int(layout[k]) for k in LAYOUT_KEYS)
+    return tuple(int(layout[k] if k in layout else LAYOUT_DEFAULTS[k]) for k in LAYOUT_KEYS)
 
 
 def pick_rng(
@@ -162,11 +165,13 @@ def pick_rng(
     ``saved``: one entry per saved global rank, each with its coordinates and ``state``. Returns the
     entry's state, whether Megatron's tracker states apply to this rank, and how it was chosen:
 
-    - same TP/PP/DP sizes: the rank at the same coordinates, everything (exact);
+    - same TP/PP/DP/EP sizes: the rank at the same coordinates, everything (exact);
     - another layout: the generators of saved global rank 0 (python, numpy, torch, CUDA: seeded alike
       on every rank, a rank's own stream has no counterpart in another layout); the tracker (its
       model-parallel stream is seeded per TP rank) of the saved rank with the same TP rank at PP and
-      DP rank 0 when the TP size is unchanged; otherwise the tracker keeps what the build seeded.
+      DP rank 0 when the TP size is unchanged (its expert-parallel stream is that rank's: with EP
+      changed, not this rank's own, which only dropout inside experts would notice); otherwise the
+      tracker keeps what the build seeded.
     """
     by_coords = {(e["tp_rank"], e["pp_rank"], e["dp_rank"]): e for e in saved}
     mine = (coords["tp_rank"], coords["pp_rank"], coords["dp_rank"])

@@ -39,9 +39,9 @@ def check_layout(
     spec: RLTrainingJobSpec, hf_config: Any, gpus: int | None = None
 ) -> tuple[ModelShape, Parallelism]:
     """The model's shape and its layout on ``gpus`` (default: the trainer's GPUs); ValueError naming
-    the numbers when the architecture is not supported, the sizes do not divide heads / layers / GPUs,
-    training.megatronArgs do not parse or fit the model (``megatron_args``), or a global batch does not
-    split over the data-parallel ranks."""
+    the numbers when the architecture is not supported, the sizes do not divide heads / layers / GPUs
+    (or an MoE model's experts, training.parallelism.expert), training.megatronArgs do not parse or fit
+    the model (``megatron_args``), or a global batch does not split over the data-parallel ranks."""
     shape = model_shape(hf_config)
     par_spec = spec.training.parallelism
     par = validate_parallelism(
@@ -49,6 +49,7 @@ def check_layout(
         tp=par_spec.tensor,
         pp=par_spec.pipeline,
         cp=par_spec.context,
+        ep=par_spec.expert,
         gpus=trainer_gpus(spec) if gpus is None else gpus,
     )
     check_megatron_args(
@@ -59,6 +60,13 @@ def check_layout(
     gbs, mbs = spec.training.global_batch_size, spec.training.micro_batch_size
     if spec.training.dynamic_batch.enabled:  # token-budget micro-batches: microBatchSize is ignored
         mbs = 1
+        if par.ep > 1:
+            # Every MoE layer's token exchange is a collective of the EP ranks, which token budgets
+            # would give different numbers of micro-batches: they would wait on each other for ever.
+            raise ValueError(
+                f"training.dynamicBatch with training.parallelism.expert {par.ep}: the expert-parallel "
+                "ranks must run the same number of micro-batches; turn dynamicBatch off"
+            )
     if gbs % par.dp or (gbs // par.dp) % mbs:
         raise ValueError(
             f"globalBatchSize {gbs} does not split over {par.dp} data-parallel ranks "

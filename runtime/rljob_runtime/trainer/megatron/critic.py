@@ -17,6 +17,11 @@ has no ``score.*`` tensors (a causal-LM checkpoint: every rank starts alike and 
 The unused output layer of an untied model stays (its weight gets no gradient; kept so the module is
 the policy's GPTModel and loads its HF weights the same way). Checkpoints: the critic's model and
 optimizer are a second Megatron distributed checkpoint (``<iteration>/critic/``) beside the policy's.
+
+An MoE policy at expert parallel size > 1 (``critic_layout``): a dense critic (algorithm.critic.path)
+runs at expert parallel size 1 (megatron-core's expert groups are process-wide and a model without
+experts never uses them); an MoE critic (by default, the policy's model) at the policy's, its
+micro-batches evened out for the token dispatcher as the policy's (``expert_parallel.dispatchable``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ...algo.losses import value_loss
 from ..base import Metrics, TrainBatch
 from ..critic import critic_optimizer_spec, critic_path
 from ..offload import optimizer_tensors
+from .arch import ModelShape, model_shape
+from .expert_parallel import dispatchable
 from .parallel import Parallelism
 from .policy import ModelOptions, build_policy, ddp_grad_tensors, ddp_weight_tensors
 from .schedule import accumulate, from_last_stage, reduce_metrics, run_schedule
@@ -123,6 +130,21 @@ def critic_weights(path: str, shape: Any) -> dict[str, torch.Tensor]:
     return hf
 
 
+def critic_layout(
+    spec: RLTrainingJobSpec, config: Mapping[str, Any], gpus: int
+) -> tuple[ModelShape, Parallelism]:
+    """The critic's shape (from its HF ``config``) and layout on ``gpus``: the policy's, except that
+    a dense critic runs at expert parallel size 1 (training.parallelism.expert splits an MoE model's
+    experts; a dense one has none to split). ValueError naming the numbers when it does not fit."""
+    from .checks import check_layout
+
+    if model_shape(config).moe is None and spec.training.parallelism.expert > 1:
+        par_spec = spec.training.parallelism.model_copy(update={"expert": 1})
+        training = spec.training.model_copy(update={"parallelism": par_spec})
+        spec = spec.model_copy(update={"training": training})
+    return check_layout(spec, config, gpus=gpus)
+
+
 @dataclass
 class MegatronCritic:
     """The value model of one megatron rank: GPTModel + value head under Megatron DDP, its own Adam
@@ -149,14 +171,15 @@ class MegatronCritic:
         distributed_optimizer: bool = True,
     ) -> MegatronCritic:
         """The critic from ``algorithm.critic.path`` (default: the policy's ``model_path``) at the
-        policy's layout (a critic checkpoint whose sizes do not divide it is refused by name), with the
-        policy's fusions and recompute, its full output layer unused (no chunked head)."""
-        from .checks import check_layout, read_hf_config
+        policy's layout ``par`` (``critic_layout``: a dense critic at expert parallel size 1; a critic
+        checkpoint whose sizes do not divide it is refused by name), with the policy's fusions and
+        recompute, its full output layer unused (no chunked head)."""
+        from .checks import read_hf_config
         from .model import load_hf_weights
 
         path = critic_path(spec, model_path)
         try:
-            shape, _ = check_layout(spec, read_hf_config(path), gpus=par.world_size)
+            shape, par = critic_layout(spec, read_hf_config(path), par.world_size)
         except ValueError as exc:
             raise ValueError(f"algorithm.critic ({path}): {exc}") from exc
         hf = critic_weights(path, shape)
@@ -216,7 +239,7 @@ class MegatronCritic:
         critic_skipped_step."""
         from megatron.core import parallel_state as ps
 
-        mbs = [batch.select(r) for r in rows]
+        mbs = dispatchable([batch.select(r) for r in rows], self.model.config, self.par.ep)
         scale = float(len(mbs) * self.par.dp)  # what Megatron divides the returned loss by (as the policy's)
         sums: dict[str, torch.Tensor] = {}
         row_iter = iter(rows)

@@ -4,13 +4,20 @@ options that would make it fit instead of running out of memory minutes later.
 
 Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it):
 
-- weights: 2 bytes per parameter of this rank's TP/PP shard (bf16), the reference model the same;
+- weights: 2 bytes per parameter of this rank's TP/PP shard (bf16), the reference model the same; an
+  MoE layer's (``ModelShape.moe``) MLP is its router [E, h] and this EP rank's E / ep experts (gate,
+  up and down: 3 h f_moe each, never TP-split), instead of the dense MLP;
 - gradients: 4 bytes (DDP's fp32 gradient buffer, ``grad_reduce_in_fp32``);
 - optimizer: fp32 main params + two Adam moments, 12 bytes, divided over the data-parallel ranks (the
-  distributed optimizer); with ``training.offloadOptimizer`` only the chunks being streamed;
+  distributed optimizer); experts' over the expert data-parallel ranks (tp x dp / ep: the ranks that
+  hold the same experts); with ``training.offloadOptimizer`` only the chunks being streamed;
 - activations: per token and layer about 2 bytes x (6 h + 2 (q + 2 kv) + 3 ffn) kept for backward
   (norm inputs, q/k/v, attention output, the SwiGLU's three ffn-wide tensors; flash/cuDNN attention,
-  so no s x s scores), or 2 h per layer plus one layer's worth with full recompute; tokens per
+  so no s x s scores); an MoE layer keeps top_k x (3 f_moe + 2 h) instead of 3 ffn (each token's k
+  experts' SwiGLU tensors, and the dispatcher's permuted copies of its hidden state in and out) plus
+  E router scores. Approximated: routing is taken as balanced (an EP rank gets its share of the k x
+  tokens expert slots; a skewed router gives some ranks more), and the dispatcher's buffers beyond
+  those two copies are not counted. With full recompute, 2 h per layer plus one layer's worth; tokens per
   micro-batch: dynamicBatch.maxTokensPerGpu, else microBatchSize x (rollout.maxResponseLen +
   data.maxPromptLength when set: the prompt is not counted otherwise, so this errs towards admitting);
 - logits: the LM head's bf16 logits, their fp32 log-softmax and its gradient (10 bytes per token and
@@ -19,7 +26,8 @@ Per GPU (the largest pipeline stage; mixed precision as ``backend.py`` builds it
   micro-batch smaller than a chunk), whatever the tokens;
 - critic (advantageEstimator ppo): the value model's weights, gradients and optimizer state as the
   policy's (it is built at the policy's layout, and by default from the same model; its activations
-  come after the policy's backward, so they do not add);
+  come after the policy's backward, so they do not add; an algorithm.critic.path of another shape
+  is counted as the policy's too);
 - overhead: CUDA context, NCCL and allocator slack (3 GiB), plus the engine's residue when colocated
   (2 GiB: what SGLang keeps while released, docs/BENCHMARKS.md, commit b9bac05).
 
@@ -59,6 +67,7 @@ class Knobs:
     colocated: bool
     chunked_head: bool = False
     critic: bool = False
+    ep: int = 1  # expert parallel size (MoE): experts split over ep of the data-parallel ranks
 
 
 @dataclass(frozen=True)
@@ -83,41 +92,106 @@ class MemoryEstimate:
         return f"{self.total / GiB:.1f} GiB ({parts})"
 
 
-def stage_params(shape: ModelShape, tp: int, pp: int) -> tuple[int, int]:
-    """(parameters on this GPU, its largest single tensor): the largest pipeline stage's share of one
-    TP rank (layers split evenly, the embedding on the first stage and the output layer on the last;
-    tied models keep a copy on both when pp > 1, as Megatron does)."""
-    h, q, kv, f = shape.hidden_size, shape.q_size, shape.kv_size, shape.ffn_hidden_size
-    layer = (h * (q + 2 * kv) + q * h + 3 * h * f) // tp + 2 * h  # qkv, proj, gate/up/down; 2 norms
+@dataclass(frozen=True)
+class StageParams:
+    """The parameters of this GPU's pipeline stage (the largest one), in two parts that the
+    distributed optimizer shards differently."""
+
+    dense: int  # every replica holds them: optimizer state over the data-parallel ranks
+    experts: int  # this EP rank's experts: optimizer state over the expert data-parallel ranks
+    largest: int  # the largest single tensor (an offloaded optimizer streams at least one whole)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def _largest_stage(shape: ModelShape, pp: int) -> range:
+    """The layers of the pipeline stage with the most MoE layers (the first when they tie, or for a
+    dense model): layers split evenly, as ``validate_parallelism`` requires."""
+    per = -(-shape.num_layers // pp)
+    stages = [range(s * per, min((s + 1) * per, shape.num_layers)) for s in range(pp)]
+    moe = shape.moe
+    return max(stages, key=lambda layers: sum(moe.is_moe(i) for i in layers) if moe else 0)
+
+
+def _attention_params(shape: ModelShape, tp: int) -> int:
+    """One layer's attention (qkv, proj, their biases and q/k norms) and its two norms."""
+    h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
+    params = (h * (q + 2 * kv) + q * h) // tp + 2 * h
     if shape.qkv_bias:
-        layer += (q + 2 * kv) // tp
+        params += (q + 2 * kv) // tp
     if shape.qk_norm:
-        layer += 2 * shape.head_dim
+        params += 2 * shape.head_dim
+    return params
+
+
+def stage_param_counts(shape: ModelShape, tp: int, pp: int, ep: int = 1) -> StageParams:
+    """``StageParams`` of the largest pipeline stage's share of one TP (and EP) rank: the embedding on
+    the first stage and the output layer on the last (tied models keep a copy on both when pp > 1, as
+    Megatron does); an MoE layer's router (replicated) and its E / ep local experts (not TP-split)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    layers = _largest_stage(shape, pp)
+    moe = shape.moe
+    moe_layers = sum(moe.is_moe(i) for i in layers) if moe else 0
+    dense_mlps = len(layers) - moe_layers
     embedding = shape.vocab_size * h // tp
-    layers = -(-shape.num_layers // pp)
     heads = 2 if pp == 1 and not shape.tied_embeddings else 1  # embedding (+ output layer)
-    params = layers * layer + heads * embedding + h  # the final norm
-    return params, max(embedding, 3 * h * f // tp)
+    dense = len(layers) * _attention_params(shape, tp) + dense_mlps * 3 * h * f // tp
+    dense += heads * embedding + h  # the final norm
+    largest = max(embedding, 3 * h * f // tp if dense_mlps else 0)
+    experts = 0
+    if moe is not None and moe_layers:
+        expert = 3 * h * moe.expert_ffn_hidden_size  # gate, up, down
+        dense += moe_layers * moe.num_experts * h  # the routers
+        experts = moe_layers * (moe.num_experts // ep) * expert
+        largest = max(largest, moe.num_experts * h, expert)
+    return StageParams(dense=dense, experts=experts, largest=largest)
+
+
+def stage_params(shape: ModelShape, tp: int, pp: int, ep: int = 1) -> tuple[int, int]:
+    """(parameters on this GPU, its largest single tensor): ``stage_param_counts`` in one number."""
+    counts = stage_param_counts(shape, tp, pp, ep)
+    return counts.total, counts.largest
+
+
+def layer_activation_bytes(shape: ModelShape, tp: int, moe_layer: bool) -> int:
+    """Bytes kept for backward per token of one layer (the module docstring's activations)."""
+    h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
+    attention = 6 * h + 2 * (q + 2 * kv) // tp
+    moe = shape.moe
+    if moe_layer and moe is not None:
+        mlp = moe.top_k * (3 * moe.expert_ffn_hidden_size + 2 * h) + moe.num_experts
+    else:
+        mlp = 3 * shape.ffn_hidden_size // tp
+    return 2 * (attention + mlp)
+
+
+def _optimizer_bytes(counts: StageParams, knobs: Knobs) -> int:
+    if knobs.offload_optimizer:
+        # The largest tensor's chunk (a chunk holds at least one tensor) and the other chunks in flight.
+        return (
+            max(STREAM_CHUNK_BYTES, 12 * counts.largest // knobs.dp)
+            + (STREAMED_CHUNKS - 1) * STREAM_CHUNK_BYTES
+        )
+    expert_dp = max(1, knobs.tp * knobs.dp // knobs.ep)  # ranks holding the same experts
+    return 12 * counts.dense // knobs.dp + 12 * counts.experts // expert_dp
 
 
 def estimate(shape: ModelShape, knobs: Knobs) -> MemoryEstimate:
-    params, largest = stage_params(shape, knobs.tp, knobs.pp)
-    if knobs.offload_optimizer:
-        # The largest tensor's chunk (a chunk holds at least one tensor) and the other chunks in flight.
-        optimizer = (
-            max(STREAM_CHUNK_BYTES, 12 * largest // knobs.dp) + (STREAMED_CHUNKS - 1) * STREAM_CHUNK_BYTES
-        )
-    else:
-        optimizer = 12 * params // knobs.dp
+    counts = stage_param_counts(shape, knobs.tp, knobs.pp, knobs.ep)
+    params = counts.total
+    optimizer = _optimizer_bytes(counts, knobs)
     h, t = shape.hidden_size, knobs.micro_tokens
-    per_layer = 2 * (6 * h + (2 * (shape.q_size + 2 * shape.kv_size) + 3 * shape.ffn_hidden_size) // knobs.tp)
-    layers = -(-shape.num_layers // knobs.pp)
+    stage = _largest_stage(shape, knobs.pp)
+    moe = shape.moe
+    per_layer = [layer_activation_bytes(shape, knobs.tp, moe is not None and moe.is_moe(i)) for i in stage]
     # Pipeline stages hold up to pp micro-batches in flight (1F1B): the first stage the most.
     in_flight = knobs.pp
     if knobs.recompute:
-        activations = t * (2 * h * layers * in_flight + per_layer)
+        activations = t * (2 * h * len(stage) * in_flight + max(per_layer))
     else:
-        activations = t * per_layer * layers * in_flight
+        activations = t * sum(per_layer) * in_flight
     if knobs.chunked_head:
         logits = HEAD_CHUNKS * min(HEAD_CHUNK_BYTES, 4 * t * shape.vocab_size // knobs.tp)
     else:
@@ -146,6 +220,7 @@ def knobs_from_spec(spec: RLTrainingJobSpec, par: Parallelism) -> Knobs:
         tp=par.tp,
         pp=par.pp,
         dp=par.dp,
+        ep=par.ep,
         micro_tokens=tokens,
         # megatronArgs recompute-granularity full replaces recomputeActivations (the API allows one).
         recompute=training.recompute_activations
@@ -170,7 +245,8 @@ def alternatives(shape: ModelShape, knobs: Knobs, gpus: int) -> list[tuple[str, 
     if not knobs.chunked_head:
         out.append(("training.lmHead: chunked", estimate(shape, replace(knobs, chunked_head=True))))
     tp = knobs.tp * 2
-    if tp * knobs.pp <= gpus and shape.num_heads % tp == 0 and shape.num_kv_heads % tp == 0:
+    dense = shape.moe is None  # MoE layers with tp > 1 are refused (``parallel._expert_problems``)
+    if dense and tp * knobs.pp <= gpus and shape.num_heads % tp == 0 and shape.num_kv_heads % tp == 0:
         dp = max(1, gpus // (tp * knobs.pp))
         out.append((f"training.parallelism.tensor: {tp}", estimate(shape, replace(knobs, tp=tp, dp=dp))))
     if knobs.micro_tokens > 1:
@@ -202,6 +278,8 @@ def check_fits(
     ]
     raise ValueError(
         f"the megatron trainer does not fit a {gpu_bytes / GiB:.1f} GiB GPU: estimated {mine.summary()} per GPU "
-        f"at tensor {par.tp} x pipeline {par.pp} x data {par.dp}, {knobs.micro_tokens} tokens per micro-batch. "
+        f"at tensor {par.tp} x pipeline {par.pp} x data {par.dp}"
+        + (f" (expert {par.ep})" if par.ep > 1 else "")
+        + f", {knobs.micro_tokens} tokens per micro-batch. "
         "Estimates with one change:\n" + "\n".join(options)
     )

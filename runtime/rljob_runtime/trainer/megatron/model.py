@@ -4,6 +4,12 @@ through torch's SDPA by default, see attention.py), HF weights in and out. Needs
 
 Call order on every rank: ``validate_parallelism`` (pure, before any GPU work) -> ``init_model_parallel``
 -> ``build_gpt_model`` -> ``load_hf_weights``; ``export_hf_weights`` gives the HF tensors back.
+
+MoE models (Qwen3-MoE, ``ModelShape.moe``): the layers come from megatron-core's
+``get_gpt_decoder_block_spec`` (dense and MoE layers by ``moe_layer_freq``), the experts are
+SequentialMLP (one MLP per local expert: grouped GEMM needs TransformerEngine or the ``grouped_gemm``
+package, neither installed), split over the expert-parallel ranks (``moe.shard_experts``) and gathered
+back for the export (``expert_parallel.gather_experts``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from .arch import ModelShape, model_shape
 from .attention import SdpaAttention
 from .convert import Tensors, hf_to_megatron, megatron_to_hf
+from .expert_parallel import gather_experts, is_expert, mark_experts
 from .fusions import FusedRMSNorm, check_fusions, install_rope_fusion, install_wgrad_fusion
+from .moe import moe_config_fields, shard_experts
 from .parallel import Parallelism, padded_vocab_size, validate_parallelism
 from .rope import inv_freq as rope_inv_freq
 from .shard import from_stage, gather_tensor, shard_tp, to_stage
@@ -53,6 +61,9 @@ def init_model_parallel(par: Parallelism, seed: int = 0) -> None:
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
         context_parallel_size=par.cp,
+        # Experts whole on each rank (no expert TP), ep of them from each stage's data-parallel ranks.
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=1,
         create_gloo_process_groups=False,
     )
     if torch.cuda.is_available():  # the TP-aware RNG streams used by dropout and init
@@ -87,6 +98,9 @@ def transformer_config(
 
     ``overrides``: TransformerConfig fields set over the above (training.megatronArgs, parsed by
     ``megatron_args.overrides``), passed to the constructor so its ``__post_init__`` checks them.
+
+    An MoE ``shape`` adds ``moe.moe_config_fields``: HF's routing, the token dispatcher of this rank's
+    device (alltoall with CUDA, allgather without) and SequentialMLP experts over ``par.ep`` ranks.
     """
     if recompute_layers is not None:
         per_stage = shape.num_layers // par.pp
@@ -155,6 +169,8 @@ def transformer_config(
         # parameters (tensor_model_parallel); without it the grad norm skips TP ranks > 0's shards.
         perform_initialization=True,
     )
+    if shape.moe is not None:
+        fields.update(moe_config_fields(shape.moe, expert_parallel=par.ep, cuda=torch.cuda.is_available()))
     return TransformerConfig(**{**fields, **(overrides or {})})
 
 
@@ -162,10 +178,14 @@ def layer_spec(shape: ModelShape, attention: Attention = "sdpa", fusions: Iterab
     """megatron-core's local layer spec (torch norms, Megatron's parallel linears), with SdpaAttention
     as the core attention for "sdpa" ("local" keeps DotProductAttention) and, with the "norm" fusion,
     ``FusedRMSNorm`` in every norm slot of the layer (input, pre-MLP, q and k)."""
+    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    return _our_layer(spec, attention, check_fusions(fusions))
+
+
+def _our_layer(spec: ModuleSpec, attention: Attention, fusions: frozenset[str]) -> ModuleSpec:
+    """``spec`` (a local-spec layer, dense or MoE) with ``layer_spec``'s attention and norms."""
     if attention not in ("sdpa", "local"):
         raise ValueError(f"attention must be 'sdpa' or 'local', got {attention!r}")
-    fusions = check_fusions(fusions)
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
     if attention == "local" and "norm" not in fusions:
         return spec
     spec = copy.deepcopy(spec)  # a copy: the spec's objects stay as megatron-core built them
@@ -180,6 +200,32 @@ def layer_spec(shape: ModelShape, attention: Attention = "sdpa", fusions: Iterab
             if getattr(owner, name) is WrappedTorchNorm:  # q/k are IdentityOp without qk-norm
                 setattr(owner, name, FusedRMSNorm)
     return spec
+
+
+def moe_decoder_spec(
+    config: TransformerConfig, attention: Attention = "sdpa", fusions: Iterable[str] = ()
+) -> TransformerBlockSubmodules:
+    """An MoE model's ``transformer_layer_spec``: megatron-core's block spec of this stage's layers
+    (dense or MoE by the config's ``moe_layer_freq``; local modules, SequentialMLP experts), each with
+    ``layer_spec``'s attention and norms, and ``FusedRMSNorm`` as the final norm with the "norm" fusion."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    fusions = check_fusions(fusions)
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    return TransformerBlockSubmodules(
+        layer_specs=[_our_layer(spec, attention, fusions) for spec in block.layer_specs],
+        layer_norm=FusedRMSNorm if "norm" in fusions else block.layer_norm,
+    )
+
+
+def allow_moe_without_te() -> None:
+    """megatron-core 0.16.1 names ``moe_utils.te_general_gemm`` only when TransformerEngine imports, and
+    the router's gating function reads it: NameError without TE (on GPUs too). None selects its
+    plain-torch matmul. Process-wide and idempotent; a real TE binding is left alone."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def decoder_spec(config: TransformerConfig, layer: ModuleSpec, fusions: Iterable[str] = ()) -> Any:
@@ -228,9 +274,14 @@ def build_gpt_model(
     )
     if "rope" in fusions:
         install_rope_fusion()
+    if shape.moe is not None:
+        allow_moe_without_te()
+        spec: Any = moe_decoder_spec(config, attention, fusions)
+    else:
+        spec = decoder_spec(config, layer_spec(shape, attention, fusions), fusions)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=decoder_spec(config, layer_spec(shape, attention, fusions), fusions),
+        transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(shape.vocab_size, par.tp),
         max_sequence_length=shape.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -242,6 +293,8 @@ def build_gpt_model(
     )
     if shape.rope_scaling is not None:
         set_rope_frequencies(model, shape)
+    if shape.moe is not None:
+        mark_experts(model)  # the same optimizers and checkpoint at every EP size
     return model if cpu else model.cuda(torch.cuda.current_device())
 
 
@@ -294,8 +347,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def rank_state(hf: Mapping[str, torch.Tensor], shape: ModelShape, par: Parallelism) -> Tensors:
-    """The Megatron tensors this rank holds (its PP stage, its TP slice) from an HF state dict."""
-    whole = hf_to_megatron(hf, shape, padded_vocab_size(shape.vocab_size, par.tp))
+    """The Megatron tensors this rank holds (its PP stage, its TP slice, its EP rank's experts under
+    their local indices) from an HF state dict."""
+    whole = hf_to_megatron(hf, shape, padded_vocab_size(shape.vocab_size, par.tp), moe=shape.moe)
+    if shape.moe is not None:
+        whole = shard_experts(whole, shape.moe, par.ep, ps.get_expert_model_parallel_rank())
     stage = to_stage(whole, shape, par.pp, ps.get_pipeline_model_parallel_rank())
     return shard_tp(stage, par.tp, ps.get_tensor_model_parallel_rank())
 
@@ -321,20 +377,27 @@ def load_hf_weights(
 
 @torch.no_grad()
 def export_hf_weights(model: torch.nn.Module, shape: ModelShape, par: Parallelism) -> Tensors:
-    """HF tensors of this rank's PP stage, whole (gathered over TP), on this rank's device.
+    """HF tensors of this rank's PP stage, whole (gathered over TP), on this rank's device; an MoE
+    model's experts gathered over its expert-parallel group, each once under its global index.
 
-    Every TP rank gets the same result; stages hold different layers (global HF names), so a caller
-    with pp > 1 merges the stages' dicts.
+    Every TP (and EP) rank gets the same result; stages hold different layers (global HF names), so a
+    caller with pp > 1 merges the stages' dicts. A collective of the TP and the EP group.
     """
     group = ps.get_tensor_model_parallel_group()
     stage: Tensors = {}
-    for name, param in unwrap(model).named_parameters():
+    params = list(unwrap(model).named_parameters())
+    for name, param in params:
         tensor = param.detach()
+        if is_expert(name):  # never TP-split (expert tensor parallel size 1): gathered over EP below
+            continue
         if par.tp > 1:
             parts = [torch.empty_like(tensor) for _ in range(par.tp)]
             dist.all_gather(parts, tensor.contiguous(), group=group)
             tensor = gather_tensor(name, parts)
         stage[name] = tensor
+    if shape.moe is not None:
+        experts = {name: param.detach() for name, param in params if is_expert(name)}
+        stage.update(gather_experts(experts, shape.moe, par.ep))
     pp_rank = ps.get_pipeline_model_parallel_rank()
     return megatron_to_hf(from_stage(stage, shape, par.pp, pp_rank), shape)
 

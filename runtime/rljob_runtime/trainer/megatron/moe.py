@@ -1,11 +1,17 @@
 """Qwen3-MoE for the megatron backend, the pure parts: which layers are MoE, the megatron-core
 TransformerConfig fields that route as the HF model does, and the router and expert tensors between HF
 and Megatron names (``convert.hf_to_megatron(..., moe=)`` converts a whole MoE checkpoint with them;
-its logits equal transformers' at EP 1 on CPU, tests/unit/test_megatron_moe.py). Not yet wired in:
-``arch.py`` does not accept MoE architectures and admission refuses ``parallelism.expert`` above 1,
-until the model is built, trained and synced end to end. ``convert.megatron_to_hf`` exports the router
-and experts back (global expert indices: an EP rank's must be renumbered first); megatron-core's
-``get_gpt_decoder_block_spec`` builds dense and MoE layers from ``moe_layer_freq``.
+its logits equal transformers' at EP 1 on CPU, tests/unit/test_megatron_moe.py).
+
+Wired in: ``arch.model_shape`` accepts Qwen3MoeForCausalLM (``ModelShape.moe``);
+``parallel.validate_parallelism`` checks the expert-parallel size (``training.parallelism.expert``,
+through ``checks.check_layout``); ``model.build_gpt_model`` builds the layers through megatron-core's
+``get_gpt_decoder_block_spec`` with these fields (SequentialMLP experts); each rank loads its EP block
+of experts (``shard_experts``) and the HF export gathers them back under global indices
+(``expert_parallel.gather_experts``); the trainer rank trains, checkpoints (torch_dist, resharding
+between EP sizes) and exports them. Checked on CPU over gloo at EP 1 and 2
+(tests/unit/test_megatron_moe_rank.py); not run on a GPU yet. Admission
+(``rljob_api.support``) still refuses ``parallelism.expert`` above 1.
 
 HF (transformers' Qwen3MoeSparseMoeBlock; the per-expert names a checkpoint stores on disk)::
 
@@ -92,7 +98,9 @@ def moe_config_fields(moe: MoEShape, *, expert_parallel: int = 1, cuda: bool = T
     exactly when HF does not renormalise the top k; the router's logits in the model's dtype, as HF
     computes them), its aux loss, and the token dispatcher: alltoall on GPUs, allgather without (the
     alltoall one creates CUDA streams; the allgather one needs equal sequence lengths, so it turns
-    variable_seq_lengths off)."""
+    variable_seq_lengths off). Experts are SequentialMLP (a loop over local experts): grouped GEMM
+    needs TransformerEngine or the ``grouped_gemm`` package, neither of which we install. Experts are
+    not split by TP (expert tensor parallel size 1, as ``model.init_model_parallel`` makes the groups)."""
     fields: dict[str, Any] = {
         "num_moe_experts": moe.num_experts,
         "moe_router_topk": moe.top_k,
@@ -104,6 +112,8 @@ def moe_config_fields(moe: MoEShape, *, expert_parallel: int = 1, cuda: bool = T
         "moe_router_load_balancing_type": "aux_loss" if moe.aux_loss_coef > 0 else "none",
         "moe_aux_loss_coeff": moe.aux_loss_coef,
         "expert_model_parallel_size": expert_parallel,
+        "expert_tensor_parallel_size": 1,
+        "moe_grouped_gemm": False,
         "moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
         # per layer, 1 for MoE (megatron-core's integer form counts layers differently from HF's step)
         "moe_layer_freq": [int(moe.is_moe(i)) for i in range(moe.num_layers)],

@@ -17,12 +17,15 @@ VOCAB_DIVISIBLE_BY = 128
 
 @dataclass(frozen=True)
 class Parallelism:
-    """Megatron's layout of ``tp * pp * cp * dp`` GPUs."""
+    """Megatron's layout of ``tp * pp * cp * dp`` GPUs. ``ep``: expert parallelism (MoE), carved out
+    of the ``tp * cp * dp`` ranks of each pipeline stage, as megatron-core does with expert tensor
+    parallel size 1: ``ep`` consecutive data-parallel ranks split the experts, and it adds no GPUs."""
 
     tp: int = 1
     pp: int = 1
     cp: int = 1
     dp: int = 1
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -43,6 +46,7 @@ def validate_parallelism(
     pp: int = 1,
     cp: int = 1,
     dp: int | None = None,
+    ep: int = 1,
     gpus: int,
     transformer_engine: bool = False,
 ) -> Parallelism:
@@ -50,10 +54,11 @@ def validate_parallelism(
 
     ``dp`` defaults to what is left: gpus / (tp * pp * cp). Raises ValueError naming every problem
     found (all of them, so a user fixes the spec once). ``transformer_engine``: context parallelism
-    needs TransformerEngine's attention; the local layer spec we build supports cp = 1 only.
+    needs TransformerEngine's attention; the local layer spec we build supports cp = 1 only. ``ep``:
+    expert parallelism of an MoE model (``_expert_problems``).
     """
     shape = config if isinstance(config, ModelShape) else model_shape(config)
-    sizes = {"tensor": tp, "pipeline": pp, "context": cp, "gpus": gpus}
+    sizes = {"tensor": tp, "pipeline": pp, "context": cp, "expert": ep, "gpus": gpus}
     if dp is not None:
         sizes["data"] = dp
     bad = [f"{name} parallel size {value}" for name, value in sizes.items() if value < 1]
@@ -87,6 +92,33 @@ def validate_parallelism(
         problems.append(
             f"context parallel size {cp} needs TransformerEngine attention; the local layer spec supports 1"
         )
+    problems += _expert_problems(shape, tp=tp, cp=cp, dp=dp, ep=ep)
     if problems:
         raise ValueError(f"parallelism does not fit {shape.architecture}: " + "; ".join(problems))
-    return Parallelism(tp=tp, pp=pp, cp=cp, dp=dp)
+    return Parallelism(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep)
+
+
+def _expert_problems(shape: ModelShape, *, tp: int, cp: int, dp: int, ep: int) -> list[str]:
+    """Expert parallelism's rules. megatron-core 0.16.1 (``initialize_model_parallel``) needs the world
+    size divisible by expert tensor x expert x pipeline sizes; we pass expert tensor parallel size 1,
+    so ``ep`` must divide tp * cp * dp. Each EP rank holds num_experts / ep whole experts. MoE layers
+    with tp > 1 need sequence parallelism, which the local spec's torch norms refuse."""
+    moe = shape.moe
+    field = "training.parallelism.expert"
+    if moe is None:
+        dense = f"{field} {ep} needs an MoE model ({shape.architecture} has no experts): set it to 1"
+        return [dense] if ep > 1 else []
+    problems = []
+    if moe.num_experts % ep:
+        problems.append(f"{moe.num_experts} experts are not divisible by {field} {ep}")
+    if (tp * cp * dp) % ep:
+        problems.append(
+            f"{field} {ep} does not divide tensor {tp} x context {cp} x data {dp} = "
+            f"{tp * cp * dp} (the ranks of a pipeline stage)"
+        )
+    if tp > 1:
+        problems.append(
+            f"tensor parallel size {tp} with {moe.num_experts} experts needs sequence parallelism, "
+            "which the local layer spec's norms refuse: set training.parallelism.tensor to 1"
+        )
+    return problems

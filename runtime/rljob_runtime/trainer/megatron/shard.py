@@ -8,6 +8,9 @@ TP layout of the local spec (megatron-core 0.16.1):
 - linear_fc1 (SwiGLU): each rank holds [gate_r; up_r], so gate and up are chunked separately.
 - row parallel (linear_proj, linear_fc2): chunks of dim 1.
 - norms: replicated.
+- MoE (``moe.py``): the router is replicated; experts are never TP-split (expert tensor parallel size 1,
+  ``model.init_model_parallel``; MoE with tp > 1 is refused), so they count as replicated here and an
+  EP rank's block of them is ``moe.shard_experts``' business.
 
 PP: stage s holds layers [s*n, (s+1)*n) (n = layers / pp) under *local* indices 0..n-1; the first
 stage holds the embedding, the last the final norm and output layer (a copy of the embedding when
@@ -28,10 +31,14 @@ SplitKind = Literal["dim0", "dim1", "glu", "replicated"]
 
 _DIM0 = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
 _DIM1 = ("linear_proj.weight", "linear_fc2.weight")
+_MOE_REPLICATED = ("mlp.router.weight",)
+_EXPERTS = ".mlp.experts.local_experts."
 
 
 def split_kind(name: str) -> SplitKind:
     """How the Megatron tensor ``name`` is split across TP ranks."""
+    if name.endswith(_MOE_REPLICATED) or _EXPERTS in name:
+        return "replicated"
     if name.endswith(_DIM0):
         return "dim0"
     if name.endswith(_DIM1):
