@@ -3,7 +3,8 @@ engine colocated (expert parallel size 1). The model is Qwen3-30B-A3B's shape sc
 hidden 512, 16 experts, top 4, expert FFN 256) with random weights and SmolLM2's tokenizer, written by
 transformers as a checkpoint is on disk (per-expert names).
 
-- every step trains the router and the experts and pushes them into SGLang: after each sync, the
+- every step trains the router and the experts (the entropy bonus: a random model earns no reward)
+  and pushes them into SGLang: after each sync, the
   engine's greedy tokens equal a fresh SGLang server's loaded from the trainer's exported weights
   (HF names, every expert once), and those weights moved;
 - the first step is on-policy (the trainer's log-probs match the engine's weights);
@@ -109,6 +110,10 @@ def test_a_qwen3_moe_trains_colocated_with_sglang_and_every_sync_matches_a_fresh
     doc = sglang_job(tmp_path, backend="megatron", steps=2, sglang_args={"disable-cuda-graph": ""})
     doc["model"]["path"] = str(model_dir)
     doc["checkpoint"]["saveInterval"] = 2
+    # A random model earns no reward, so every advantage is 0: the entropy bonus gives the router and
+    # the experts a gradient, and a larger step than the demo's makes it show in bf16.
+    doc["algorithm"]["entropyCoef"] = 0.01
+    doc["training"]["optimizer"]["lr"] = 1e-3
     prepared = prepare(parse_spec(doc))
     checks: list[dict[str, Any]] = []
     real_to_engines = Turns.to_engines
