@@ -10,7 +10,8 @@ through ``checks.check_layout``); ``model.build_gpt_model`` builds the layers th
 of experts (``shard_experts``) and the HF export gathers them back under global indices
 (``expert_parallel.gather_experts``); the trainer rank trains, checkpoints (torch_dist, resharding
 between EP sizes) and exports them. Checked on CPU over gloo at EP 1 and 2
-(tests/unit/test_megatron_moe_rank.py); not run on a GPU yet. Admission
+(tests/unit/test_megatron_moe_rank.py); at EP 1 on one GPU, colocated with SGLang and synced into it
+(tests/gpu/test_megatron_moe_gpu.py); EP above 1 never on GPUs (the alltoall dispatcher). Admission
 (``rljob_api.support``) still refuses ``parallelism.expert`` above 1.
 
 HF (transformers' Qwen3MoeSparseMoeBlock; the per-expert names a checkpoint stores on disk)::
