@@ -30,6 +30,13 @@ def venv_bin() -> Path:
     return Path(sys.executable).parent
 
 
+# Ray's log monitor globs the session's log folder ten times a second while it holds fewer than 1000
+# files, and the folder grows with every job this shared head runs: over a full e2e run it took 79 s of
+# CPU (docs/BENCHMARKS.md). Nothing here reads the worker logs it forwards (drivers connect with
+# log_to_driver=False; `ray job logs` reads the supervisor's file), so a scan every 5 s does.
+QUIET_HEAD_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "5"}
+
+
 def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
     ray = venv_bin() / "ray"
     logfile = ctx.logs / "ray-head.log"
@@ -51,6 +58,7 @@ def start_ray(ctx: Ctx, state: dict[str, Any], num_cpus: int) -> None:
     # (engines, trainer ranks) then waits behind the API server and the operators. Here the workers keep
     # the head's priority.
     env["RAY_worker_niceness"] = "0"
+    env.update(QUIET_HEAD_ENV)
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(ray),
