@@ -73,7 +73,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
     """Start Ray, place the actors, and train until numRollout (or stop_after) steps are done."""
     import ray
 
-    from .placement import bundle_shapes, create_placement, local_resources
+    from .placement import Placement, bundle_shapes, create_placement, local_resources
     from .rollout.manager import RolloutManager
     from .trainer import create_trainer
 
@@ -103,6 +103,7 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
         tensorboard_dir=options.tensorboard_dir,
         wandb=WandbLogger.start(options.identity or RunIdentity(), spec.to_document()),
     )
+    placement: Placement | None = None
     crew: Crew | None = None
     transport: WeightTransport | None = None
     trainer: TrainerBackend | None = None
@@ -149,6 +150,8 @@ def run(prepared: Prepared, options: RunOptions) -> RunResult:
             crew.trainer.shutdown()  # the current one (a restart replaces it)
         elif trainer is not None:
             trainer.shutdown()
+        if placement is not None:
+            placement.release()
         if started_ray:
             ray.shutdown()
 

@@ -62,6 +62,16 @@ class Placement:
         nodes = {known[s.index] if s.index < len(known) else "" for s in [*self.trainer, *self.rollout]}
         return len(nodes) == 1 and "" not in nodes
 
+    def release(self) -> None:
+        """Give the bundles back to Ray. A driver's placement groups outlive its run on a Ray that
+        outlives the driver's job (a second run in the same process, a long-lived cluster): the next
+        run could not place its own."""
+        import ray
+
+        slots = [*self.trainer, *self.rollout]
+        if slots and ray.is_initialized():
+            ray.util.remove_placement_group(slots[0].group)
+
     def engine_slots(self) -> list[list[Slot]]:
         k = self.gpus_per_engine
         return [self.rollout[i : i + k] for i in range(0, len(self.rollout), k)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,36 @@ def spec_for(model: Path, ckpt: Path, **resources: Any) -> Any:
     )
 
 
-def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def one_ray_for_the_test(model_dir: Path, tmp_path: Path) -> Iterator[None]:
+    """One local Ray for every run of the test, sized as the driver sizes its own: each run must give
+    its bundles back (``Placement.release``), or the next cannot place its own."""
+    import ray
+
+    from rljob_runtime.placement import bundle_shapes, local_resources
+
+    spec = spec_for(model_dir, tmp_path / "sizing")
+    ray.init(
+        num_cpus=len(bundle_shapes(spec)) + 2,
+        resources=local_resources(spec),
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _live_placement_groups() -> list[str]:
+    import ray
+
+    return [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+
+
+def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(
+    model_dir: Path, tmp_path: Path, one_ray_for_the_test: None
+) -> None:
     spec = spec_for(model_dir, tmp_path / "full")
     seen: list[dict[str, float]] = []
     full = run(prepare(spec), RunOptions(tensorboard_dir=str(tmp_path / "tb"), on_step=seen.append))
@@ -66,6 +96,7 @@ def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(model_dir: P
     assert full.history[0]["train/ppo_kl"] == 0.0  # first step is on-policy
     assert store.completed_steps(tmp_path / "full") == [2, 3]  # maxToKeep 2
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert _live_placement_groups() == []  # the next two runs reuse this Ray
 
     # Stop after one step, then resume: step 2 and 3 use the same prompts as the uninterrupted run.
     resumed_spec = spec_for(model_dir, tmp_path / "resumed")
