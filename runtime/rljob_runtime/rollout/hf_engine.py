@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,9 @@ class HFEngine:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(eos), 0))
         self.lock = threading.Lock()  # held by run_batch and the weight loaders
+        # time.monotonic() of the last forward pass (prefill or decode step): the server's health
+        # check counts progress on the running batch as alive, as SGLang counts any scheduler output
+        self.last_step_s = 0.0
 
     # ---- tokenization -------------------------------------------------------------------------
 
@@ -317,6 +321,7 @@ class HFEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         cache = out.past_key_values
+        self.last_step_s = time.monotonic()
         logits = out.logits[:, -1, :]
         last_pos = positions[:, -1]
         while True:
@@ -358,4 +363,5 @@ class HFEngine:
                 use_cache=True,
             )
             cache = out.past_key_values
+            self.last_step_s = time.monotonic()
             logits = out.logits[:, -1, :]

@@ -36,6 +36,9 @@ Endpoints and how they differ from SGLang (see docs/runtime-env.md and SGLang's 
   are queued (stream-ordered before any later generation, as SGLang), and the request carrying
   ``weight_version`` waits for them all. ``POST /destroy_weights_update_group``.
   See ``sync/nccl.py``.
+- ``GET /health_generate``: 200 once a one-token probe finishes or the running batch steps (as
+  SGLang, which counts any scheduler output after the check began); 503 after ``health_timeout_s``
+  (20 s, SGLang's default) without either. 200 at once while paused.
 - ``GET /weights_checksum[?names=a,b]`` (ours): exact per-tensor checksums of the served weights.
 """
 
@@ -84,9 +87,13 @@ class HFServer(WeightEndpoints):
         seed: int = 0,
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
+        health_timeout_s: float = 20.0,
         args: dict[str, Any],
     ) -> None:
+        """``health_timeout_s``: how long ``/health_generate`` waits for the engine to make progress
+        (SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``, 20 s by default)."""
         self.engine = engine
+        self.health_timeout_s = health_timeout_s
         self.seed = seed
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -272,9 +279,13 @@ class HFServer(WeightEndpoints):
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
+        """200 once a one-token probe finishes or the running batch makes progress (SGLang: any
+        scheduler output after the check began). Batches here run to completion, so a probe queued
+        behind a long batch would otherwise wait for all of it and a busy engine would look dead."""
         if self.paused is not None:
             return web.Response(text="")  # paused on purpose: alive, not stuck
         assert self.loop is not None
+        began = time.monotonic()
         req = self._make_request(
             [self.engine.pad_token_id],
             SamplingParams(max_new_tokens=1, temperature=0),
@@ -285,12 +296,18 @@ class HFServer(WeightEndpoints):
         self.futures[req.rid] = future
         self.waiting.append(req)
         self.wake.set()
-        try:
-            await asyncio.wait_for(future, timeout=60)
-        except TimeoutError:
+        deadline = began + self.health_timeout_s
+        while not future.done():
+            remaining = deadline - time.monotonic()
+            if self.engine.last_step_s > began or remaining <= 0:
+                break
+            await asyncio.wait([future], timeout=min(0.2, remaining))
+        healthy = future.done() or self.engine.last_step_s > began
+        if not future.done():
             self._abort(req.rid)
-            return web.Response(status=503, text="generation timed out")
-        return web.Response(text="")
+        if healthy:
+            return web.Response(text="")
+        return web.Response(status=503, text=f"the engine made no progress in {self.health_timeout_s:.0f} s")
 
     def _server_info(self) -> dict[str, Any]:
         return {
