@@ -71,6 +71,65 @@ RULE_CASES = [
         "not supported by this runtime yet: training.parallelism.expert above 1",
         {"training": {"parallelism": {"expert": 1}}},
     ),
+    Case(
+        "routing-replay-not-yet-on-gpus",
+        {"training": {"routingReplay": True}},
+        "spec.training.routingReplay",
+        "not supported by this runtime yet: training.routingReplay (routing replay is not yet shown on GPUs",
+        {"training": {"routingReplay": False}},
+    ),
+    Case(
+        "routing-replay-needs-megatron-and-sglang",
+        {"training": {"routingReplay": True, "backend": "torch"}},
+        "spec.training.routingReplay",
+        "not supported by this runtime yet: training.routingReplay with training.backend torch or "
+        "rollout.engine hf",
+        {"training": {"routingReplay": False, "backend": "torch"}},  # True: refused as not yet on GPUs
+    ),
+    Case(
+        "routing-replay-not-with-custom-generate",
+        {"training": {"routingReplay": True}, "rollout": {"customGenerate": "my_pkg.turns:generate"}},
+        "spec.training.routingReplay",
+        "not supported by this runtime yet: training.routingReplay with rollout.customGenerate",
+        {"training": {"routingReplay": False}, "rollout": {"customGenerate": "my_pkg.turns:generate"}},
+    ),
+    Case(
+        "routing-replay-not-with-partial-rollout",
+        {
+            "training": {"routingReplay": True},
+            "rollout": {"partialRollout": True},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
+        "spec.training.routingReplay",
+        "not supported by this runtime yet: training.routingReplay with rollout.partialRollout",
+        {
+            "training": {"routingReplay": False},
+            "rollout": {"partialRollout": True},
+            "algorithm": {"dynamicSampling": {"enabled": True}},
+        },
+    ),
+    Case(
+        "routing-replay-not-with-pipeline-recompute",
+        {
+            "training": {
+                "routingReplay": True,
+                "recomputeActivations": True,
+                "parallelism": {"pipeline": 2},
+                "globalBatchSize": 128,
+            }
+        },
+        "spec.training.routingReplay",
+        "not supported by this runtime yet: training.routingReplay with recomputeActivations and "
+        "training.parallelism.pipeline above 1",
+        {
+            "training": {
+                "routingReplay": False,
+                "recomputeActivations": True,
+                "parallelism": {"pipeline": 2},
+                "globalBatchSize": 128,
+            }
+        },
+    ),
     Case(  # a sample is never truncated: the budget must hold maxResponseLen + one prompt token at least
         "dynbatch-budget-below-longest-response",
         {"training": {"dynamicBatch": {"enabled": True, "maxTokensPerGpu": 1024}}},

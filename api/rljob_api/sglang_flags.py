@@ -33,6 +33,7 @@ RUNTIME_OWNED_SGLANG_FLAGS: dict[str, str] = {  # flag -> why, as the refusal sa
     "api-key": "the runtime's requests carry no key",
     "admin-api-key": "the runtime's requests carry no key",
     "weight-version": "the runtime versions the weights it pushes",
+    "enable-return-routed-experts": "the runtime sets it from training.routingReplay",
     "skip-server-warmup": "the runtime sets it (it waits for /health_generate itself)",
 }
 

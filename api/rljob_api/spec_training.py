@@ -256,6 +256,14 @@ class TrainingSpec(ApiModel):
         "weights, gradients and activations (a 4B model on one 80 GB GPU). Costs a host <-> GPU copy of the "
         "state per optimizer step.",
     )
+    routing_replay: bool = Field(
+        default=False,
+        description="Rollout routing replay for mixture-of-experts models: SGLang returns the experts "
+        "its router chose for every token of a response, and the trainer's forward passes (log-probs, "
+        "reference, training) route those tokens to the same experts, so the trained policy and the one "
+        "that sampled agree (slime's --use-rollout-routing-replay). megatron backend, sglang engine, MoE "
+        "models only; the runtime refuses a dense model before it takes a GPU.",
+    )
     dynamic_batch: DynamicBatchSpec = section(DynamicBatchSpec, "Token-budget micro-batching.")
     megatron_args: MegatronArgs = Field(
         default_factory=dict,

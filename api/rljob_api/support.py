@@ -233,6 +233,69 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         cel="self.training.parallelism.expert == 1",
         supported=lambda s: s.training.parallelism.expert == 1,
     ),
+    # Rollout routing replay: SGLang returns the routed experts (--enable-return-routed-experts) and
+    # megatron-core's RouterReplay replays them (trainer/megatron/routing_replay.py). Shown on CPU ranks
+    # (tests/unit/test_megatron_routing_replay.py) and against SGLang's source; tests/gpu/
+    # test_routing_replay_gpu.py has not run yet. The limits after this one stay when it goes; until
+    # then it speaks only where none of them does (one reason per spec, the most specific).
+    Limit(
+        field=".training.routingReplay",
+        what="training.routingReplay (routing replay is not yet shown on GPUs: the megatron backend has "
+        "replayed routing records only on CPU ranks in tests)",
+        instead="set it false",
+        cel="!self.training.routingReplay || self.training.backend != 'megatron' || "
+        "self.rollout.engine != 'sglang' || has(self.rollout.customGenerate) || self.rollout.partialRollout || "
+        "(self.training.recomputeActivations && self.training.parallelism.pipeline > 1)",
+        supported=lambda s: (
+            not s.training.routing_replay
+            or s.training.backend != "megatron"
+            or s.rollout.engine != "sglang"
+            or s.rollout.custom_generate is not None
+            or s.rollout.partial_rollout
+            or (s.training.recompute_activations and s.training.parallelism.pipeline > 1)
+        ),
+    ),
+    Limit(
+        field=".training.routingReplay",
+        what="training.routingReplay with training.backend torch or rollout.engine hf (the megatron "
+        "backend replays routes that SGLang returns; the torch backend and the hf engine have neither)",
+        instead="use training.backend megatron and rollout.engine sglang, or set it false",
+        cel="!self.training.routingReplay || (self.training.backend == 'megatron' && "
+        "self.rollout.engine == 'sglang')",
+        supported=lambda s: (
+            not s.training.routing_replay
+            or (s.training.backend == "megatron" and s.rollout.engine == "sglang")
+        ),
+    ),
+    Limit(
+        field=".training.routingReplay",
+        what="training.routingReplay with rollout.customGenerate (a hook's turns and tool outputs have no "
+        "routing record of the whole sequence)",
+        instead="remove rollout.customGenerate, or set training.routingReplay false",
+        cel="!self.training.routingReplay || !has(self.rollout.customGenerate)",
+        supported=lambda s: not s.training.routing_replay or s.rollout.custom_generate is None,
+    ),
+    Limit(
+        field=".training.routingReplay",
+        what="training.routingReplay with rollout.partialRollout (SGLang returns a routing record only "
+        "with a finished answer: a partial response that already holds its whole budget ends without one)",
+        instead="set rollout.partialRollout false, or training.routingReplay false",
+        cel="!self.training.routingReplay || !self.rollout.partialRollout",
+        supported=lambda s: not s.training.routing_replay or not s.rollout.partial_rollout,
+    ),
+    Limit(
+        field=".training.routingReplay",
+        what="training.routingReplay with recomputeActivations and training.parallelism.pipeline above 1 "
+        "(the pipeline's recomputation in backward would replay another micro-batch's routes)",
+        instead="set training.recomputeActivations false or training.parallelism.pipeline 1",
+        cel="!self.training.routingReplay || !self.training.recomputeActivations || "
+        "self.training.parallelism.pipeline == 1",
+        supported=lambda s: (
+            not s.training.routing_replay
+            or not s.training.recompute_activations
+            or s.training.parallelism.pipeline == 1
+        ),
+    ),
     Limit(
         field=".training.parallelism.sequenceParallel",
         what="training.parallelism.sequenceParallel (it needs TransformerEngine's norms)",

@@ -52,7 +52,17 @@ SAMPLING_PARAM_FIELDS: frozenset[str] = frozenset(
 REQUEST_BODIES: dict[str, tuple[str, frozenset[str]]] = {
     "/generate": (
         "GenerateReqInput",
-        frozenset({"rid", "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len"}),
+        frozenset(
+            {
+                "rid",
+                "text",
+                "input_ids",
+                "sampling_params",
+                "return_logprob",
+                "logprob_start_len",
+                "return_routed_experts",
+            }
+        ),
     ),
     "/abort_request": ("AbortReq", frozenset({"rid", "abort_all"})),
     "/pause_generation": ("PauseGenerationReqInput", frozenset({"mode"})),
@@ -159,8 +169,12 @@ def generate_body(
     params: Mapping[str, Any] | None = None,
     return_logprob: bool = True,
     rid: str | None = None,
+    return_routed_experts: bool = False,
 ) -> dict[str, Any]:
-    """A ``/generate`` body: one prompt as token ids (preferred: no re-tokenization) or text."""
+    """A ``/generate`` body: one prompt as token ids (preferred: no re-tokenization) or text.
+    ``return_routed_experts`` (training.routingReplay; the server needs --enable-return-routed-experts):
+    the answer's ``meta_info.routed_experts`` holds the experts each token was routed to
+    (``routed_experts``)."""
     if (input_ids is None) == (text is None):
         raise ValueError("give exactly one of input_ids and text")
     body = _drop_none(
@@ -170,9 +184,26 @@ def generate_body(
             "text": text,
             "sampling_params": dict(params) if params is not None else sampling_params(),
             "return_logprob": return_logprob,
+            "return_routed_experts": True if return_routed_experts else None,
         }
     )
     return body
+
+
+def routed_experts(record: str, tokens: int) -> torch.Tensor:
+    """SGLang's ``meta_info.routed_experts`` (base64 of int32 [tokens - 1, layers, top-k], C order: the
+    experts each layer's router chose for every token of prompt + response but the last, which no
+    forward pass saw) as int32 [tokens - 1, layers * top-k]. ValueError when it cannot be that."""
+    import torch
+
+    raw = base64.b64decode(record)
+    rows = tokens - 1
+    if rows < 1 or len(raw) % 4 or (len(raw) // 4) % rows:
+        raise ValueError(
+            f"a routed-experts record of {len(raw)} bytes is not int32 rows for {tokens} - 1 = {rows} tokens "
+            "(prompt + response, less the last)"
+        )
+    return torch.frombuffer(bytearray(raw), dtype=torch.int32).view(rows, -1)
 
 
 def abort_body(*, rid: str | None = None) -> dict[str, Any]:
@@ -274,6 +305,7 @@ def sglang_launch_args(
     tp_size: int = 1,
     base_gpu_id: int = 0,
     enable_memory_saver: bool = False,
+    enable_return_routed_experts: bool = False,
     mem_fraction_static: float | None = None,
     skip_server_warmup: bool = True,
     random_seed: int | None = None,
@@ -293,6 +325,7 @@ def sglang_launch_args(
         "tp-size": tp_size,
         "base-gpu-id": base_gpu_id,
         "enable-memory-saver": enable_memory_saver,
+        "enable-return-routed-experts": enable_return_routed_experts,
         "mem-fraction-static": mem_fraction_static,
         "skip-server-warmup": skip_server_warmup,
         "random-seed": random_seed,

@@ -61,6 +61,9 @@ class Sample:
     loss_mask: list[int] | None = None
     status: Status = Status.PENDING
     rollout_logprobs: list[float] | None = None
+    # training.routingReplay: SGLang's ``meta_info.routed_experts`` of the answer that ended the
+    # response (base64 int32 [prompt + response - 1, layers, top-k]; ``engine_api.routed_experts``).
+    rollout_routed_experts: str | None = None
     # Ordered distinct weight_version labels of the engines that generated the response.
     weight_versions: list[str] = field(default_factory=list)
     # One entry per response token: the weight version (``version_number``) that generated it; empty

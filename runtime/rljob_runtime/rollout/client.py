@@ -263,6 +263,7 @@ class EngineClient:
                 cancelled=lambda: self._cancelling,
                 # partial rollout: a request a weight update aborts is continued, not restarted
                 continue_aborted=self.spec.rollout.partial_rollout,
+                routed_experts=self.spec.training.routing_replay,
                 session=await self.http(),
                 hold=hold,
             )

@@ -61,6 +61,7 @@ def engine_command(
     sglang_args: Mapping[str, str] | None = None,
     tokenizer_path: str | None = None,
     trust_remote_code: bool = False,
+    return_routed_experts: bool = False,
 ) -> list[str]:
     """The server's command line (pure, so the SGLang flags can be checked without SGLang).
     ``tokenizer_path``: model.tokenizer as this node sees it (None: the model's own)."""
@@ -96,6 +97,7 @@ def engine_command(
         tp_size=tp_size,
         base_gpu_id=base_gpu_id,
         enable_memory_saver=enable_memory_saver,
+        enable_return_routed_experts=return_routed_experts,
         extra=extra,
     )
     return [sys.executable, "-m", "sglang.launch_server", *args]
@@ -197,6 +199,7 @@ class EngineProcess:
         tokenizer_path: str | None = None,
         tokenizer_reference: str | None = None,
         trust_remote_code: bool = False,
+        return_routed_experts: bool = False,
     ) -> None:
         """``model_reference``: spec.model.path, resolved again on this node when ``model_path`` (the
         driver's resolution) is not visible here; ``tokenizer_reference`` and ``tokenizer_path`` the
@@ -211,6 +214,7 @@ class EngineProcess:
             else tokenizer_path
         )
         self.trust_remote_code = trust_remote_code
+        self.return_routed_experts = return_routed_experts  # training.routingReplay (SGLang only)
         self.index = index
         self.dtype = dtype
         self.device = device
@@ -262,6 +266,7 @@ class EngineProcess:
             sglang_args=self.sglang_args,
             tokenizer_path=self.tokenizer_path,
             trust_remote_code=self.trust_remote_code,
+            return_routed_experts=self.return_routed_experts,
         )
 
     def _env(self) -> dict[str, str]:

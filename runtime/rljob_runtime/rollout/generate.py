@@ -98,8 +98,9 @@ def tokens_left(sample: Sample, params: dict[str, Any]) -> int | None:
     return int(budget) - (len(sample.response_ids) if sample.resumable else 0)
 
 
-def request_body(sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
-    """The ``/generate`` body for one sample: its prompt token ids, logprobs requested.
+def request_body(sample: Sample, params: dict[str, Any], *, routed_experts: bool = False) -> dict[str, Any]:
+    """The ``/generate`` body for one sample: its prompt token ids, logprobs requested, and the
+    routed experts with ``routed_experts`` (training.routingReplay).
 
     A resumable sample continues from prompt + partial response with ``max_new_tokens`` reduced by
     the tokens it holds (never below 0; ``generate_one`` sends nothing then). ``params`` is not changed.
@@ -107,11 +108,18 @@ def request_body(sample: Sample, params: dict[str, Any]) -> dict[str, Any]:
     if not sample.prompt_ids:
         raise ValueError(f"sample {sample.index}: prompt_ids is empty (tokenize prompts before rollout)")
     if not sample.resumable:
-        return engine_api.generate_body(input_ids=sample.prompt_ids, params=params, return_logprob=True)
+        return engine_api.generate_body(
+            input_ids=sample.prompt_ids,
+            params=params,
+            return_logprob=True,
+            return_routed_experts=routed_experts,
+        )
     left = tokens_left(sample, params)
     if left is not None:
         params = {**params, "max_new_tokens": max(0, left)}
-    return engine_api.generate_body(input_ids=sample.tokens, params=params, return_logprob=True)
+    return engine_api.generate_body(
+        input_ids=sample.tokens, params=params, return_logprob=True, return_routed_experts=routed_experts
+    )
 
 
 def finish_type(response: dict[str, Any]) -> str | None:
@@ -139,6 +147,9 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     versions (empty if either side's are unknown), a new ``weight_versions`` label; the status is the
     new segment's. ``metadata["rollout_segments"]`` counts the answers the response is made of.
     Otherwise the answer replaces the response.
+
+    ``meta_info.routed_experts`` (training.routingReplay) covers the whole sequence the answer ends,
+    a continued one's earlier tokens included: it replaces the sample's record (None when absent).
     """
     meta = response.get("meta_info") or {}
     entries = meta.get("output_token_logprobs")
@@ -179,6 +190,8 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
         sample.weight_versions = [label] if label is not None else []
         sample.metadata["rollout_segments"] = 1
     sample.response_length = len(sample.response_ids)
+    record = meta.get("routed_experts")
+    sample.rollout_routed_experts = record if isinstance(record, str) else None
     kind = finish_type(response)
     sample.status = status_from_finish_reason(kind)
     sample.metadata["finish_reason"] = kind
@@ -256,11 +269,13 @@ async def generate_one(
     sleep: Callable[[float], Any] = asyncio.sleep,
     hold: Hold | None = None,
     continue_aborted: bool = False,
+    routed_experts: bool = False,
 ) -> Sample:
     """One sample through ``url``/generate with the retry policy of the module docstring.
 
     A resumable sample is continued; ``continue_aborted`` keeps the partial output of an abort that
-    is not a cancellation and continues it (else the request is resent as it was).
+    is not a cancellation and continues it (else the request is resent as it was). ``routed_experts``:
+    ask for the routing record (``request_body``).
     """
     what = f"sample {sample.index}"
     tries = aborts = 0
@@ -274,7 +289,7 @@ async def generate_one(
         response, n = await post_generate(
             session,
             url,
-            request_body(sample, params),
+            request_body(sample, params, routed_experts=routed_experts),
             what=what,
             retry=retry,
             cancelled=cancelled,
@@ -337,10 +352,11 @@ async def generate_samples(
     session: aiohttp.ClientSession | None = None,
     hold: Hold | None = None,
     continue_aborted: bool = False,
+    routed_experts: bool = False,
 ) -> list[Sample]:
     """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once.
 
-    Resumable samples are continued; ``continue_aborted`` as in ``generate_one``. Raises
+    Resumable samples are continued; ``continue_aborted`` and ``routed_experts`` as in ``generate_one``. Raises
     ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
     """
     for sample in samples:
@@ -356,6 +372,7 @@ async def generate_samples(
             cancelled=cancelled,
             hold=hold,
             continue_aborted=continue_aborted,
+            routed_experts=routed_experts,
         )
 
     return await run_bounded(samples, one, concurrency=concurrency, session=session)

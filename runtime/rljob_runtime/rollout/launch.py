@@ -58,6 +58,7 @@ def launch_engines(
             tp_size=placement.gpus_per_engine,
             enable_memory_saver=placement.colocated and rollout.engine == "sglang",
             sglang_args=dict(rollout.sglang_args),
+            return_routed_experts=spec.training.routing_replay,
             log_dir=str(Path(log_dir) / f"engine{index}") if log_dir else None,
             startup_timeout_s=startup_timeout_s,
         )

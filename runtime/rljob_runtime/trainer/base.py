@@ -33,6 +33,7 @@ import torch
 from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.masked import Reduction
+from ..engine_api import routed_experts
 from ..sync.base import WeightSender
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ class TrainBatch:
     response_ids: torch.Tensor  # [B, T] long, 0 past each response
     loss_mask: torch.Tensor  # [B, T] float32, 0 past each response
     rollout_logp: torch.Tensor | None = None  # [B, T] float32, when every sample carries them
+    # training.routingReplay: per row, int32 [n - 1, layers * top-k] (n = prompt + response tokens),
+    # the experts SGLang routed each token but the last to; when every sample carries a record
+    routed_experts: list[torch.Tensor] | None = None
 
     @property
     def size(self) -> int:
@@ -97,6 +101,7 @@ class TrainBatch:
             response_ids=self.response_ids[idx, :width],
             loss_mask=self.loss_mask[idx, :width],
             rollout_logp=None if self.rollout_logp is None else self.rollout_logp[idx, :width],
+            routed_experts=None if self.routed_experts is None else [self.routed_experts[i] for i in index],
         )
 
     def sequence_lengths(self) -> list[int]:
@@ -124,7 +129,9 @@ class TrainBatch:
         return (torch.cumsum(lengths, 0) - lengths)[:, None] + self.logit_positions()
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        moved = {
+        """The batch's tensors on ``device`` (a routing record list stays where it is: the rank moves
+        each micro-batch's replay targets itself)."""
+        moved: dict[str, Any] = {
             name: (value.to(device) if isinstance(value, torch.Tensor) else value)
             for name, value in self.__dict__.items()
         }
@@ -189,7 +196,9 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     """Pad the samples' prompt+response ids, loss masks (``effective_loss_mask``) and rollout log-probs.
 
     Every sample needs a non-empty prompt (the first response token is predicted from the last
-    prompt token). ``rollout_logp`` is set only when every sample carries rollout log-probs.
+    prompt token). ``rollout_logp`` is set only when every sample carries rollout log-probs, and
+    ``routed_experts`` only when every sample carries a routing record (ValueError on a record that
+    does not fit its sample's tokens).
     """
     if not samples:
         raise ValueError("build_batch: no samples")
@@ -220,6 +229,20 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     responses = [s.response_ids for s in samples]
     width = max(max(len(r) for r in responses), 1)
     given = [lp for lp in logps if lp is not None]
+    routed: list[torch.Tensor] | None = None
+    if all(s.rollout_routed_experts is not None for s in samples):
+        routed = []
+        for i, (sample, seq) in enumerate(zip(samples, seqs, strict=True)):
+            try:
+                record = routed_experts(str(sample.rollout_routed_experts), len(seq))
+            except ValueError as exc:
+                raise ValueError(f"build_batch: sample {i}: {exc}") from None
+            if routed and record.shape[1] != routed[0].shape[1]:  # one model: layers x top-k each
+                raise ValueError(
+                    f"build_batch: sample {i}'s routing record has {record.shape[1]} experts per token, "
+                    f"sample 0's {routed[0].shape[1]}"
+                )
+            routed.append(record)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -228,6 +251,7 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
         response_ids=pad_per_token(responses, width, dtype=torch.long),
         loss_mask=pad_per_token(masks, width),
         rollout_logp=pad_per_token(given, width) if len(given) == len(logps) else None,
+        routed_experts=routed,
     )
 
 

@@ -23,6 +23,14 @@ def post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
         return json.loads(resp.read().decode() or "null")
 
 
+def reward_payload(sample: Sample) -> dict[str, Any]:
+    """What a reward server receives: the sample as a dict, without its routing record (training.
+    routingReplay: megabytes per response that no reward reads)."""
+    out = sample.to_dict()
+    out.pop("rollout_routed_experts", None)
+    return out
+
+
 class RemoteReward(RewardFunction):
     name = "remote"
 
@@ -55,7 +63,7 @@ class RemoteReward(RewardFunction):
                 async with limit:
                     # The outer wait_for also bounds DNS/connect stalls that urllib's timeout misses.
                     result = await asyncio.wait_for(
-                        run_in_daemon_thread(self.post, self.url, sample.to_dict(), self.timeout),
+                        run_in_daemon_thread(self.post, self.url, reward_payload(sample), self.timeout),
                         self.timeout + 1.0,
                     )
                 return store(sample, result, self.reward_key, f"remote reward {self.url}")

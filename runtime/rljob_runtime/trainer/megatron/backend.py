@@ -52,7 +52,9 @@ from .checkpoint import find_dist_checkpoint, read_hf_state
 from .checks import check_megatron
 from .critic import MegatronCritic
 from .expert_parallel import dispatchable, exports_weights
+from .memory_plan import check_this_gpu
 from .policy import build_policy, build_reference, ddp_grad_tensors, ddp_weight_tensors, model_options
+from .routing_replay import RoutingReplay, model_replays
 from .schedule import (
     accumulate,
     from_last_stage,
@@ -87,7 +89,7 @@ class MegatronTrainerRank(TrainerRankBase):
         if spec.model.megatron_checkpoint is not None:  # its tensors are checked when loaded (_build)
             find_dist_checkpoint(spec.model.megatron_checkpoint)
         self.dtype: torch.dtype = getattr(torch, spec.model.dtype)
-        self.memory_estimate = self._check_memory()
+        self.memory_estimate = check_this_gpu(self.shape, spec, self.par, self.rank)
         self.distributed_optimizer = distributed_optimizer  # False: plain per-rank Adam (CPU smoke tests)
         # training.fusions / lmHead / recompute / megatronArgs; ``fusions`` overrides the spec's (tests).
         self.options = model_options(spec, fusions)
@@ -99,23 +101,13 @@ class MegatronTrainerRank(TrainerRankBase):
         self.ref_head: Any = None
         self.optimizer_offload: Any = None  # optimizer_offload.OptimizerStateOffload with offloadOptimizer
         self.critic: MegatronCritic | None = None  # advantageEstimator ppo (critic.py)
+        # training.routingReplay: the policy's and the reference's routers (routing_replay.model_replays)
+        self.replay: RoutingReplay | None = None
+        self.ref_replay: RoutingReplay | None = None
 
     @property
     def dp_size(self) -> int:
         return self.par.dp
-
-    def _check_memory(self) -> Any:
-        """Refuse a layout that cannot fit this rank's GPU (``memory_plan``), before anything is built;
-        None without a GPU (CPU smoke tests)."""
-        if not torch.cuda.is_available():
-            return None
-        from .memory_plan import check_fits
-
-        index = int(os.environ.get("LOCAL_RANK", "0"))  # the GPU init_process_group takes
-        gpu_bytes = torch.cuda.get_device_properties(index).total_memory
-        estimate = check_fits(self.shape, self.spec, self.par, gpu_bytes)
-        print(f"megatron rank {self.rank}: estimated GPU memory {estimate.summary()}", flush=True)
-        return estimate
 
     # ----------------------------------------------------------------------------- distributed
 
@@ -188,6 +180,8 @@ class MegatronTrainerRank(TrainerRankBase):
             self.ref_model, self.ref_head = build_reference(
                 self.options, self.shape, self.par, dtype=self.dtype, initial=initial
             )
+        if spec.training.routing_replay:
+            self.replay, self.ref_replay = model_replays(self.model, self.ref_model, self.shape, self.packing)
         if spec.algorithm.advantage_estimator == "ppo":
             self.critic = MegatronCritic.build(
                 spec,
@@ -246,6 +240,7 @@ class MegatronTrainerRank(TrainerRankBase):
                 forward_only=True,
                 device=self.device,
                 packed=packed,
+                replay=self.replay,
             )
             ref = None
             if self.ref_model is not None:
@@ -256,6 +251,7 @@ class MegatronTrainerRank(TrainerRankBase):
                     forward_only=True,
                     device=self.device,
                     packed=packed,
+                    replay=self.ref_replay,
                 )
         finally:
             self.model.train()
@@ -326,6 +322,7 @@ class MegatronTrainerRank(TrainerRankBase):
             forward_only=False,
             device=self.device,
             packed=packed,
+            replay=self.replay,
         )
         lr = lr_at(self.step, self.spec.training.optimizer, self.total_steps)
         for group in self.optimizer.param_groups:

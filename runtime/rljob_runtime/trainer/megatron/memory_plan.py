@@ -37,6 +37,7 @@ cannot fit is refused; the log line shows every figure.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 
 from rljob_api.spec import RLTrainingJobSpec
@@ -283,3 +284,18 @@ def check_fits(
         + f", {knobs.micro_tokens} tokens per micro-batch. "
         "Estimates with one change:\n" + "\n".join(options)
     )
+
+
+def check_this_gpu(
+    shape: ModelShape, spec: RLTrainingJobSpec, par: Parallelism, rank: int
+) -> MemoryEstimate | None:
+    """``check_fits`` against this process's GPU (LOCAL_RANK's, the one the rank's process group takes),
+    printed for the job's log; None without a GPU (CPU smoke tests)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    gpu_bytes = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
+    estimate = check_fits(shape, spec, par, gpu_bytes)
+    print(f"megatron rank {rank}: estimated GPU memory {estimate.summary()}", flush=True)
+    return estimate

@@ -35,6 +35,15 @@ class ModelOptions:
     chunked_head: bool = False
     recompute: Literal["full"] | None = None
     megatron: MegatronOverrides = field(default_factory=MegatronOverrides)
+    routing_replay: bool = False  # training.routingReplay: MoE routers built for replay
+
+    def config_overrides(self, shape: ModelShape) -> dict[str, Any]:
+        """TransformerConfig fields over ``model.transformer_config``'s: megatronArgs, and routing
+        replay for an MoE model's routers."""
+        out = dict(self.megatron.transformer)
+        if self.routing_replay and shape.moe is not None:
+            out["moe_enable_routing_replay"] = True
+        return out
 
 
 def model_options(spec: RLTrainingJobSpec, fusions: Iterable[str] | None = None) -> ModelOptions:
@@ -50,6 +59,7 @@ def model_options(spec: RLTrainingJobSpec, fusions: Iterable[str] | None = None)
         chunked_head=training.chunked_lm_head(),
         recompute="full" if training.recompute_activations else None,
         megatron=megatron_overrides(training.megatron_args),
+        routing_replay=training.routing_replay,
     )
 
 
@@ -110,7 +120,7 @@ def build_policy(
         recompute=options.recompute,
         attention=attention,
         fusions=options.fusions,
-        config_overrides=options.megatron.transformer,
+        config_overrides=options.config_overrides(shape),
     )
     if initial is not None:  # before the optimizer copies its main params (and DDP its param buffer)
         initial(model)
@@ -180,7 +190,10 @@ def build_reference(
     from .lm_head import chunked_head, return_hidden_states
     from .model import build_gpt_model
 
-    ref = build_gpt_model(shape, par, dtype=dtype, fusions=options.fusions - {"wgrad"})
+    replay = {"moe_enable_routing_replay": True} if options.routing_replay and shape.moe is not None else None
+    ref = build_gpt_model(
+        shape, par, dtype=dtype, fusions=options.fusions - {"wgrad"}, config_overrides=replay
+    )
     initial(ref)
     ref = ref.eval().requires_grad_(False)
     if not (options.chunked_head and ref.post_process):

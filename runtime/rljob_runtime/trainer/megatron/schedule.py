@@ -20,6 +20,7 @@ from ...algo.logprobs import entropy_from_logits, token_logprobs
 from ..base import Metrics, TrainBatch
 from ..rank_base import SUMMED_METRICS
 from .lm_head import ChunkedHead
+from .routing_replay import RoutingReplay
 
 LossFn = Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
 
@@ -111,31 +112,39 @@ def run_schedule(
     forward_only: bool,
     device: torch.device,
     packed: bool = False,
+    replay: RoutingReplay | None = None,
 ) -> list[dict[str, Any]]:
     """Megatron's forward(-backward) schedule over the micro-batches; ``loss_fn(mb, logits)`` runs
     on the last pipeline stage. Returns its dicts there ([] elsewhere). ``packed``: each micro-batch
     runs as its rows packed into one sequence (the module docstring). Shapes differ from one
     micro-batch to the next either way; the config's ``variable_seq_lengths`` has the pipeline
-    stages send each activation's shape first."""
+    stages send each activation's shape first. ``replay`` (training.routingReplay): each micro-batch's
+    routing records are loaded into ``model``'s routers before its forward, and cleared at the end."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         mb = next(data)
         args, kwargs = model_inputs(mb, device, packed=packed)
+        if replay is not None:
+            replay.load(mb, device)
         return chunk(*args, **kwargs), partial(loss_fn, mb)
 
     def tokens(mb: TrainBatch) -> int:
         return sum(mb.sequence_lengths()) if packed else int(mb.input_ids.shape[1])
 
-    return get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iter(micro_batches),
-        model=[model],
-        num_microbatches=len(micro_batches),
-        seq_length=max(tokens(mb) for mb in micro_batches),
-        micro_batch_size=1 if packed else micro_batches[0].size,
-        forward_only=forward_only,
-    )
+    try:
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[model],
+            num_microbatches=len(micro_batches),
+            seq_length=max(tokens(mb) for mb in micro_batches),
+            micro_batch_size=1 if packed else micro_batches[0].size,
+            forward_only=forward_only,
+        )
+    finally:
+        if replay is not None:
+            replay.clear()
 
 
 def from_last_stage(obj: Any, pp: int) -> Any:
