@@ -28,7 +28,7 @@ class ParallelismSpec(ApiModel):
         ge=1,
         le=1024,
         description="Expert-parallel size for MoE models (Megatron EP): the experts are split over this "
-        "many of the data-parallel ranks. The megatron backend builds MoE models (Qwen3-MoE) at 1, every "
+        "many of the data-parallel ranks. The megatron backend builds MoE models (Qwen3-MoE, Qwen2-MoE, Mixtral) at 1, every "
         "rank holding every expert. Not supported yet above 1: expert parallelism has run only on CPU "
         "ranks in tests, not yet on GPUs; a dense model refuses it.",
     )

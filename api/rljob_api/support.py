@@ -228,7 +228,7 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
         field=".training.parallelism.expert",
         what="training.parallelism.expert above 1 (expert parallelism is not yet shown on GPUs: it has "
         "run only on CPU ranks in tests; training.backend torch has none)",
-        instead="leave it 1: training.backend megatron builds MoE models (Qwen3-MoE) at expert 1, every "
+        instead="leave it 1: training.backend megatron builds MoE models (Qwen3-MoE, Qwen2-MoE, Mixtral) at expert 1, every "
         "rank holding every expert",
         cel="self.training.parallelism.expert == 1",
         supported=lambda s: s.training.parallelism.expert == 1,

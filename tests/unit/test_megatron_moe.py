@@ -110,7 +110,8 @@ def test_router_and_experts_convert_both_ways_with_megatron_s_names(
     assert moe is not None and moe.moe_layers == (0, 1)
     mg = {k: v for layer in moe.moe_layers for k, v in hf_to_megatron_moe(hf, moe, layer).items()}
     # the whole checkpoint there and back (the export the engines and HF checkpoints get)
-    shape = model_shape({**config, "architectures": ["Qwen3ForCausalLM"]})
+    shape = model_shape(config)
+    assert shape.moe == moe
     whole = hf_to_megatron(hf, shape, padded_vocab_size(shape.vocab_size, 1), moe=moe)
     back = megatron_to_hf(whole, shape)
     assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)

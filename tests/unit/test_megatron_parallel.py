@@ -99,6 +99,7 @@ def test_context_parallel_needs_transformer_engine() -> None:
 def test_unsupported_architecture_is_refused_before_layout_checks() -> None:
     with pytest.raises(
         UnsupportedModelError,
-        match="supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM",
+        match="DeepseekV3ForCausalLM is not supported by the megatron backend; supported: LlamaForCausalLM, "
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM",
     ):
-        validate_parallelism({**QWEN3_0_6B, "architectures": ["MixtralForCausalLM"]}, tp=2, gpus=2)
+        validate_parallelism({**QWEN3_0_6B, "architectures": ["DeepseekV3ForCausalLM"]}, tp=2, gpus=2)

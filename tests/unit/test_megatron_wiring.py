@@ -280,7 +280,7 @@ def test_expert_parallelism_is_refused_at_admission_saying_expert_1_runs_moe() -
         _spec(gpus=2, training={"parallelism": {"expert": 2}})
     message = str(err.value)
     assert "training.parallelism.expert above 1 (expert parallelism is not yet shown on GPUs" in message
-    assert "builds MoE models (Qwen3-MoE) at expert 1" in message
+    assert "builds MoE models (Qwen3-MoE, Qwen2-MoE, Mixtral) at expert 1" in message
 
 
 def test_prepare_names_the_expert_field_for_a_dense_model(

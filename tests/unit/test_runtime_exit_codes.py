@@ -171,7 +171,7 @@ def _caused(error: Exception, cause: Exception) -> Exception:
         SpecError(["spec.training.globalBatchSize: must be a multiple of ..."]),
         DataError("prompt data /d.jsonl line 901: not JSON"),
         UnsupportedModelError(
-            "model.path: architecture MixtralForCausalLM is not built by the megatron backend"
+            "model.path: architecture DeepseekV3ForCausalLM is not built by the megatron backend"
         ),
         ModelNotFoundError("model.path /m: no config.json on this node"),
         _RayTaskError(UnsupportedModelError("rope_type yarn is not built")),

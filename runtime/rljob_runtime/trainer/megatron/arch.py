@@ -1,10 +1,11 @@
 """Which Hugging Face architectures the megatron backend builds, and their shape.
 
 All supported architectures are Llama-like decoders with the same HF weight names: RMSNorm,
-SwiGLU MLP, grouped-query attention, RoPE. They differ in qkv bias (Qwen2), qk-norm (Qwen3 and
-Qwen3-MoE) and whether the LM head is tied to the embedding, and in RoPE scaling: none, Llama 3.1+'s
-"llama3" or "linear" (``rope.py`` computes the frequencies). Qwen3-MoE is Qwen3 whose MoE layers' MLP
-is a router and experts (``ModelShape.moe``, from ``moe.moe_shape``). Anything outside that (other
+SwiGLU MLP, grouped-query attention, RoPE. They differ in qkv bias (Qwen2, Qwen2-MoE), qk-norm (Qwen3
+and Qwen3-MoE) and whether the LM head is tied to the embedding, and in RoPE scaling: none, Llama
+3.1+'s "llama3" or "linear" (``rope.py`` computes the frequencies). Qwen3-MoE, Qwen2-MoE and Mixtral
+are Qwen3, Qwen2 and Llama whose MoE layers' MLP is a router and experts, plus Qwen2-MoE's gated shared
+expert (``ModelShape.moe``, from ``moe.moe_shape``). Anything outside that (other
 biases, sliding window, other RoPE types, other activations) is refused by name rather than silently
 converted wrong.
 """
@@ -24,6 +25,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     *MOE_ARCHITECTURES,
 )
 _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QKV_BIAS_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
 # RoPE types (transformers' rope_type) whose frequencies rope.py reproduces; "default" is no scaling.
 # dynamic / yarn / longrope change with the sequence length or scale the attention: not built here.
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
@@ -101,6 +103,8 @@ def _architecture(cfg: Mapping[str, Any]) -> str:
             "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM",
+            "qwen2_moe": "Qwen2MoeForCausalLM",
+            "mixtral": "MixtralForCausalLM",
         }
         archs = [by_type.get(str(cfg.get("model_type")), f"model_type {cfg.get('model_type')!r}")]
     arch = str(archs[0])
@@ -174,7 +178,9 @@ def model_shape(config: Any) -> ModelShape:
     _refuse(any(t != "full_attention" for t in layer_types), arch, f"layer_types {sorted(set(layer_types))}")
     # Qwen2 always has q/k/v biases; Llama/Qwen3 attention_bias adds an o_proj bias too, which the
     # local Megatron spec cannot express without biasing the MLP as well.
-    _refuse(arch != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias")), arch, "attention_bias")
+    _refuse(arch not in _QKV_BIAS_ARCHITECTURES and bool(cfg.get("attention_bias")), arch, "attention_bias")
+    # Mixtral attends within sliding_window tokens whenever it is set (Qwen2's only with use_sliding_window)
+    _refuse(arch == "MixtralForCausalLM" and cfg.get("sliding_window") is not None, arch, "sliding_window")
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
@@ -193,7 +199,7 @@ def model_shape(config: Any) -> ModelShape:
         ffn_hidden_size=int(cfg["intermediate_size"]),
         vocab_size=int(cfg["vocab_size"]),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM",
+        qkv_bias=arch in _QKV_BIAS_ARCHITECTURES,
         qk_norm=arch in _QK_NORM_ARCHITECTURES,
         rope_theta=rope_theta,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),

@@ -29,13 +29,12 @@ from collections.abc import Mapping
 import torch
 
 from .arch import ModelShape
-from .moe import MoEShape, hf_to_megatron_moe
+from .moe import MoEShape, hf_to_megatron_moe, megatron_moe_to_hf
 
 Tensors = dict[str, torch.Tensor]
 
 HF_LAYER = "model.layers.{}."
 MG_LAYER = "decoder.layers.{}."
-EXPERTS = "mlp.experts.local_experts."  # an MoE layer's SequentialMLP experts (moe.py)
 
 # Per-layer tensors that map one-to-one (HF suffix, Megatron suffix).
 _DIRECT = (
@@ -152,16 +151,10 @@ def megatron_layer_to_hf(layer: int, suffix: str, tensor: torch.Tensor, shape: M
     if suffix == "mlp.linear_fc1.weight":
         gate, up = split_gate_up(tensor)
         return {dst + "mlp.gate_proj.weight": gate, dst + "mlp.up_proj.weight": up}
-    if suffix == "mlp.router.weight":  # an MoE layer (moe.py): the router, then its experts
-        return {dst + "mlp.gate.weight": tensor}
-    if suffix.startswith(EXPERTS):  # the expert index must be global (moe.shard_experts' inverse)
-        index, tail = suffix[len(EXPERTS) :].split(".", 1)
-        expert = f"{dst}mlp.experts.{int(index)}."
-        if tail == "linear_fc1.weight":
-            gate, up = split_gate_up(tensor)
-            return {expert + "gate_proj.weight": gate, expert + "up_proj.weight": up}
-        if tail == "linear_fc2.weight":
-            return {expert + "down_proj.weight": tensor}
+    if shape.moe is not None:  # an MoE layer (moe.py); expert indices global (shard_experts' inverse)
+        converted = megatron_moe_to_hf(layer, suffix, tensor, shape.moe)
+        if converted is not None:
+            return converted
     raise KeyError(f"unknown Megatron layer tensor {suffix!r}")
 
 

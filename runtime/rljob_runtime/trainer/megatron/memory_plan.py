@@ -147,6 +147,10 @@ def stage_param_counts(shape: ModelShape, tp: int, pp: int, ep: int = 1) -> Stag
         dense += moe_layers * moe.num_experts * h  # the routers
         experts = moe_layers * (moe.num_experts // ep) * expert
         largest = max(largest, moe.num_experts * h, expert)
+        if moe.shared_expert_ffn_hidden_size is not None:  # Qwen2-MoE: on every rank, TP-split, and its gate
+            shared = 3 * h * moe.shared_expert_ffn_hidden_size // tp
+            dense += moe_layers * (shared + h)
+            largest = max(largest, shared)
     return StageParams(dense=dense, experts=experts, largest=largest)
 
 
@@ -163,6 +167,8 @@ def layer_activation_bytes(shape: ModelShape, tp: int, moe_layer: bool) -> int:
     moe = shape.moe
     if moe_layer and moe is not None:
         mlp = moe.top_k * (3 * moe.expert_ffn_hidden_size + 2 * h) + moe.num_experts
+        if moe.shared_expert_ffn_hidden_size is not None:  # a dense MLP of its width beside them
+            mlp += 3 * moe.shared_expert_ffn_hidden_size // tp
     else:
         mlp = 3 * shape.ffn_hidden_size // tp
     return 2 * (attention + mlp)

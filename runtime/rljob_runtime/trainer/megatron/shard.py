@@ -31,7 +31,7 @@ SplitKind = Literal["dim0", "dim1", "glu", "replicated"]
 
 _DIM0 = ("embedding.word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
 _DIM1 = ("linear_proj.weight", "linear_fc2.weight")
-_MOE_REPLICATED = ("mlp.router.weight",)
+_MOE_REPLICATED = ("mlp.router.weight", "mlp.shared_experts.gate_weight")
 _EXPERTS = ".mlp.experts.local_experts."
 
 
