@@ -223,7 +223,8 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
     ),
     # Expert parallelism runs in the megatron backend on CPU ranks only (tests/unit/test_megatron_moe_rank.py,
     # gloo and the allgather token dispatcher), and the megatron backend is not admitted on device cpu;
-    # on GPUs (the alltoall dispatcher) it has not run yet. The torch backend has none.
+    # on GPUs (the alltoall dispatcher) it has not run yet: tests/gpu/test_megatron_ep_gpu.py (2 GPUs) is
+    # written for that, not run. The torch backend has none.
     Limit(
         field=".training.parallelism.expert",
         what="training.parallelism.expert above 1 (expert parallelism is not yet shown on GPUs: it has "
