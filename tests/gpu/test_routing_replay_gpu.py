@@ -49,19 +49,27 @@ def test_replayed_routes_reach_the_trainer_and_keep_its_log_probs_at_sglang_s(
     real_build = group_mod.build_batch
 
     def build_batch(samples: Any, *args: Any, **kwargs: Any) -> Any:
+        from rljob_runtime.engine_api import routed_experts
+
         batch = real_build(samples, *args, **kwargs)
-        routed = batch.routed_experts
+        decoded = (
+            None
+            if batch.routed_experts is None
+            else [
+                routed_experts(r, len(s.tokens)) for r, s in zip(batch.routed_experts, samples, strict=True)
+            ]
+        )
         records.append(
             {
                 "samples": len(samples),
-                "with_record": 0 if routed is None else len(routed),
-                "shapes_ok": routed is not None
+                "with_record": 0 if decoded is None else len(decoded),
+                "shapes_ok": decoded is not None
                 and all(
                     tuple(r.shape) == (len(s.tokens) - 1, LAYERS * TOPK)
-                    for r, s in zip(routed, samples, strict=True)
+                    for r, s in zip(decoded, samples, strict=True)
                 ),
-                "in_range": routed is not None
-                and all(int(r.min()) >= 0 and int(r.max()) < EXPERTS for r in routed),
+                "in_range": decoded is not None
+                and all(int(r.min()) >= 0 and int(r.max()) < EXPERTS for r in decoded),
             }
         )
         return batch

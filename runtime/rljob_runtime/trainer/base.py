@@ -33,7 +33,6 @@ import torch
 from rljob_api.spec_training import OptimizerSpec
 
 from ..algo.masked import Reduction
-from ..engine_api import routed_experts
 from ..sync.base import WeightSender
 
 if TYPE_CHECKING:
@@ -59,9 +58,9 @@ class TrainBatch:
     response_ids: torch.Tensor  # [B, T] long, 0 past each response
     loss_mask: torch.Tensor  # [B, T] float32, 0 past each response
     rollout_logp: torch.Tensor | None = None  # [B, T] float32, when every sample carries them
-    # training.routingReplay: per row, int32 [n - 1, layers * top-k] (n = prompt + response tokens),
-    # the experts SGLang routed each token but the last to; when every sample carries a record
-    routed_experts: list[torch.Tensor] | None = None
+    # training.routingReplay: per row, SGLang's routing record (``engine_api.routed_experts``; decoded
+    # by the rank that replays it, a micro-batch at a time); when every sample carries one
+    routed_experts: list[str] | None = None
 
     @property
     def size(self) -> int:
@@ -197,8 +196,7 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
 
     Every sample needs a non-empty prompt (the first response token is predicted from the last
     prompt token). ``rollout_logp`` is set only when every sample carries rollout log-probs, and
-    ``routed_experts`` only when every sample carries a routing record (ValueError on a record that
-    does not fit its sample's tokens).
+    ``routed_experts`` only when every sample carries a routing record.
     """
     if not samples:
         raise ValueError("build_batch: no samples")
@@ -229,20 +227,8 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     responses = [s.response_ids for s in samples]
     width = max(max(len(r) for r in responses), 1)
     given = [lp for lp in logps if lp is not None]
-    routed: list[torch.Tensor] | None = None
-    if all(s.rollout_routed_experts is not None for s in samples):
-        routed = []
-        for i, (sample, seq) in enumerate(zip(samples, seqs, strict=True)):
-            try:
-                record = routed_experts(str(sample.rollout_routed_experts), len(seq))
-            except ValueError as exc:
-                raise ValueError(f"build_batch: sample {i}: {exc}") from None
-            if routed and record.shape[1] != routed[0].shape[1]:  # one model: layers x top-k each
-                raise ValueError(
-                    f"build_batch: sample {i}'s routing record has {record.shape[1]} experts per token, "
-                    f"sample 0's {routed[0].shape[1]}"
-                )
-            routed.append(record)
+    records = [s.rollout_routed_experts for s in samples]
+    routed = [str(r) for r in records] if all(r is not None for r in records) else None
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -5,7 +5,8 @@ An MoE policy routes a token by a top-k over its router's scores; the trainer's 
 kernel, dtype or batch) can tip a near-tie the other way, so the trained policy is not the one that
 sampled and the importance ratios drift. SGLang (``--enable-return-routed-experts``) returns, per
 response, the experts every layer chose for each token of prompt + response but the last
-(``engine_api.routed_experts``; ``TrainBatch.routed_experts``). megatron-core's ``RouterReplay``
+(``engine_api.routed_experts``; ``TrainBatch.routed_experts`` carries them encoded, each rank decodes
+its own rows). megatron-core's ``RouterReplay``
 (``moe_enable_routing_replay``, one per router) then takes given indices and gathers the router's own
 scores at them, so the gate weights keep their gradient.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...engine_api import routed_experts
 from ..base import TrainBatch
 from .arch import ModelShape
 
@@ -41,7 +43,11 @@ def replay_targets(mb: TrainBatch, *, layers: int, topk: int, experts: int, pack
     width = int(mb.input_ids.shape[1])
     filler = torch.arange(topk, dtype=torch.int32).expand(layers, topk)
     rows = []
-    for i, (record, n) in enumerate(zip(mb.routed_experts, lengths, strict=True)):
+    for i, (encoded, n) in enumerate(zip(mb.routed_experts, lengths, strict=True)):
+        try:
+            record = routed_experts(encoded, n)
+        except ValueError as exc:
+            raise ValueError(f"training.routingReplay: row {i}: {exc}") from None
         if tuple(record.shape) != (n - 1, layers * topk):
             raise ValueError(
                 f"training.routingReplay: row {i}'s routing record is {tuple(record.shape)}, not "
