@@ -40,9 +40,9 @@ def check_layout(
 ) -> tuple[ModelShape, Parallelism]:
     """The model's shape and its layout on ``gpus`` (default: the trainer's GPUs); ValueError naming
     the numbers when the architecture is not supported, the sizes do not divide heads / layers / GPUs
-    (or an MoE model's experts, training.parallelism.expert), training.routingReplay asks it of a dense
-    model, training.megatronArgs do not parse or fit
-    the model (``megatron_args``), or a global batch does not split over the data-parallel ranks."""
+    (or an MoE model's experts, training.parallelism.expert), training.megatronArgs do not parse or fit
+    the model (``megatron_args``), training.routingReplay is asked of a dense model, or a global batch
+    does not split over the data-parallel ranks."""
     shape = model_shape(hf_config)
     par_spec = spec.training.parallelism
     par = validate_parallelism(
@@ -61,7 +61,7 @@ def check_layout(
     if spec.training.routing_replay and shape.moe is None:
         raise ValueError(
             f"training.routingReplay replays the experts SGLang routed each token to: "
-            f"{hf_config.get('architectures') or 'this model'} is dense (no experts); set it false"
+            f"{shape.architecture} is dense (no experts); set it false"
         )
     gbs, mbs = spec.training.global_batch_size, spec.training.micro_batch_size
     if spec.training.dynamic_batch.enabled:  # token-budget micro-batches: microBatchSize is ignored
