@@ -11,8 +11,9 @@ off and one with it on (same seed, data and weights, so SGLang samples the same 
 Each run's row is printed as it ends and written to $RLJOB_RESULTS_DIR when set.
 
 Until this test has passed, admission and the runtime refuse routingReplay ("not yet shown on GPUs",
-api/rljob_api/support.py), the trainer's Ray actors included: the test skips, naming that limit, until
-it is removed."""
+api/rljob_api/support.py): the test lifts that one limit in this process and, through Ray's
+worker_process_setup_hook on the Ray it starts for both runs, in every Ray worker (the trainer ranks
+check the support matrix too). Its other limits stay."""
 
 from __future__ import annotations
 
@@ -34,13 +35,27 @@ def test_replayed_routes_reach_the_trainer_and_keep_its_log_probs_at_sglang_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("megatron.core")
-    from rljob_api.support import LIMITS
+    import ray
 
-    if any(lim.field == ".training.routingReplay" and "not yet shown on GPUs" in lim.what for lim in LIMITS):
-        pytest.skip(
-            "routingReplay is refused until this test passes: remove its 'not yet shown on GPUs' limit"
+    from rljob_api import support
+
+    def lift_the_gpu_limit() -> None:  # in each Ray worker; nested, so Ray ships it by value
+        from rljob_api import support
+
+        support.LIMITS = tuple(
+            lim
+            for lim in support.LIMITS
+            if not (lim.field == ".training.routingReplay" and "not yet shown on GPUs" in lim.what)
         )
+
+    kept = [
+        lim
+        for lim in support.LIMITS
+        if not ("not yet shown on GPUs" in lim.what and "routingReplay" in lim.what)
+    ]
+    monkeypatch.setattr(support, "LIMITS", tuple(kept))  # this process: prepare and the driver
     from rljob_runtime.driver import RunOptions, run
+    from rljob_runtime.placement import bundle_shapes, local_resources
     from rljob_runtime.prepare import prepare
     from rljob_runtime.trainer import group as group_mod
 
@@ -76,19 +91,36 @@ def test_replayed_routes_reach_the_trainer_and_keep_its_log_probs_at_sglang_s(
 
     monkeypatch.setattr(group_mod, "build_batch", build_batch)
     gaps: dict[bool, float] = {}
-    for replay in (False, True):
-        records.clear()
-        doc = sglang_job(tmp_path / f"replay-{replay}", backend="megatron", steps=1)
-        doc["model"]["path"] = str(model_dir)
-        doc["training"]["routingReplay"] = replay
-        result = run(prepare(parse_spec(doc)), RunOptions())
-        gaps[replay] = float(result.history[0]["train/rollout_logp_abs_diff"])
-        row = {"replay": replay, "gap": gaps[replay], "batches": records[:2]}
-        print("routing-replay run", json.dumps(row), flush=True)
-        if replay:
-            assert records and all(r["with_record"] == r["samples"] for r in records), records
-            assert all(r["shapes_ok"] and r["in_range"] for r in records), records
-        else:
-            assert records and all(r["with_record"] == 0 for r in records), records
+    ray_started = False
+    try:
+        for replay in (False, True):
+            records.clear()
+            doc = sglang_job(tmp_path / f"replay-{replay}", backend="megatron", steps=1)
+            doc["model"]["path"] = str(model_dir)
+            spec = parse_spec(doc)  # admission's rules refuse routingReplay: set on a copy
+            spec = spec.model_copy(
+                update={"training": spec.training.model_copy(update={"routing_replay": replay})}
+            )
+            if not ray_started:  # one Ray for both runs, its workers' limit lifted as this process's
+                ray.init(
+                    num_cpus=len(bundle_shapes(spec)) + 2,
+                    resources=local_resources(spec),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env={"worker_process_setup_hook": lift_the_gpu_limit},
+                )
+                ray_started = True
+            result = run(prepare(spec), RunOptions())
+            gaps[replay] = float(result.history[0]["train/rollout_logp_abs_diff"])
+            row = {"replay": replay, "gap": gaps[replay], "batches": records[:2]}
+            print("routing-replay run", json.dumps(row), flush=True)
+            if replay:
+                assert records and all(r["with_record"] == r["samples"] for r in records), records
+                assert all(r["shapes_ok"] and r["in_range"] for r in records), records
+            else:
+                assert records and all(r["with_record"] == 0 for r in records), records
+    finally:
+        if ray_started:
+            ray.shutdown()
     results_file("routing-replay", {"gaps": {str(k): v for k, v in gaps.items()}})
     assert gaps[True] <= gaps[False] * 1.1 + 1e-4, gaps
