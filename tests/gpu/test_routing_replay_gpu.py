@@ -10,6 +10,10 @@ off and one with it on (same seed, data and weights, so SGLang samples the same 
 
 Each run's row is printed as it ends and written to $RLJOB_RESULTS_DIR when set.
 
+Skipped for now: the pinned sglang-router drops the requests' return_routed_experts
+(tests/integration/test_router_request_fields.py), so no record would come back until the rollout
+sends routing-replay requests to the engines directly.
+
 Until this test has passed, admission and the runtime refuse routingReplay ("not yet shown on GPUs",
 api/rljob_api/support.py): the test lifts that one limit in this process and, through Ray's
 worker_process_setup_hook on the Ray it starts for both runs, in every Ray worker (the trainer ranks
@@ -35,6 +39,9 @@ def test_replayed_routes_reach_the_trainer_and_keep_its_log_probs_at_sglang_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("megatron.core")
+    pytest.skip(
+        "sglang-router 0.3.2 drops return_routed_experts: the rollout does not reach the engines directly yet"
+    )
     import ray
 
     from rljob_api import support
