@@ -236,15 +236,15 @@ FEATURES_NOT_YET: tuple[Limit, ...] = (
     ),
     # Rollout routing replay: SGLang returns the routed experts (--enable-return-routed-experts) and
     # megatron-core's RouterReplay replays them (trainer/megatron/routing_replay.py). Shown on CPU ranks
-    # (tests/unit/test_megatron_routing_replay.py) and against SGLang's source; sglang-router 0.3.2 drops
-    # the request's return_routed_experts (tests/integration/test_router_request_fields.py), so the
-    # requests must reach the engines another way first; tests/gpu/test_routing_replay_gpu.py then. The limits after this one stay when it goes; until
-    # then it speaks only where none of them does (one reason per spec, the most specific).
+    # (tests/unit/test_megatron_routing_replay.py) and against SGLang's source; its requests go to the
+    # engines directly (sglang-router 0.3.2 drops return_routed_experts: tests/integration/
+    # test_router_request_fields.py). tests/gpu/test_routing_replay_gpu.py has not run yet. The limits
+    # after this one stay when this one goes; until then it speaks only where none of them does (one
+    # reason per spec, the most specific).
     Limit(
         field=".training.routingReplay",
         what="training.routingReplay (routing replay is not yet shown on GPUs: the megatron backend has "
-        "replayed routing records only on CPU ranks in tests, and the pinned sglang-router drops "
-        "return_routed_experts from the requests it forwards, which would have to go to the engines directly)",
+        "replayed routing records only on CPU ranks in tests)",
         instead="set it false",
         cel="!self.training.routingReplay || self.training.backend != 'megatron' || "
         "self.rollout.engine != 'sglang' || has(self.rollout.customGenerate) || self.rollout.partialRollout || "

@@ -10,9 +10,8 @@ off and one with it on (same seed, data and weights, so SGLang samples the same 
 
 Each run's row is printed as it ends and written to $RLJOB_RESULTS_DIR when set.
 
-Skipped for now: the pinned sglang-router drops the requests' return_routed_experts
-(tests/integration/test_router_request_fields.py), so no record would come back until the rollout
-sends routing-replay requests to the engines directly.
+The requests go to the engine directly (the pinned sglang-router drops return_routed_experts:
+tests/integration/test_router_request_fields.py).
 
 Until this test has passed, admission and the runtime refuse routingReplay ("not yet shown on GPUs",
 api/rljob_api/support.py): the test lifts that one limit in this process and, through Ray's
@@ -39,9 +38,6 @@ def test_replayed_routes_reach_the_trainer_and_keep_its_log_probs_at_sglang_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("megatron.core")
-    pytest.skip(
-        "sglang-router 0.3.2 drops return_routed_experts: the rollout does not reach the engines directly yet"
-    )
     import ray
 
     from rljob_api import support

@@ -6,9 +6,9 @@ The worker is a stand-in for SGLang (SGLang needs a GPU): an aiohttp server that
 bodies ``tests/unit/test_sglang_contract.py`` checks against SGLang's own fields).
 
 ``return_routed_experts`` (training.routingReplay) is dropped by the pinned sglang-router 0.3.2, while
-the answer's ``meta_info.routed_experts`` comes back: routing replay must send its requests to the
-engines directly (not yet done; admission refuses routingReplay). The test says so, and fails when a
-router release starts passing the field, so that the bypass is reconsidered.
+the answer's ``meta_info.routed_experts`` comes back: with routing replay the rollout sends each
+request to an engine directly (``EngineFleet.engine_for``). The test fails when a router release starts
+passing the field, so that the bypass is reconsidered.
 """
 
 from __future__ import annotations

@@ -222,3 +222,30 @@ def test_an_engine_refusing_the_pause_fails_the_update_and_the_others_go_on(setu
         pass
     assert fake.paths(A)[-1] == "/continue_generation" and manager.weight_version == "default"
     assert not manager.fleet.weights_lock.locked()
+
+
+def test_routing_replay_sends_a_group_to_one_serving_engine_without_the_router(setup: Any) -> None:
+    """training.routingReplay: the pinned sglang-router drops return_routed_experts, so the client
+    asks the fleet for each sample's engine: its prompt group's among those serving."""
+    from rljob_runtime.data.sample import Sample
+
+    manager, _, _ = setup
+    assert manager.client.engine_for is None  # through the router
+    spec = manager.spec
+    replay = spec.model_copy(update={"training": spec.training.model_copy(update={"routing_replay": True})})
+    engines = [Engine(0, None, None, A, tp_size=1), Engine(1, None, None, B, tp_size=1)]
+    direct = RolloutManager(
+        spec=replay,
+        router=Router(),  # type: ignore[arg-type]
+        engines=engines,
+        actor_kwargs=lambda i: {"tp_size": 1},
+        health=HealthCheck(enabled=False),
+    )
+    try:
+        choose = direct.client.engine_for
+        assert choose is not None
+        assert [choose(Sample(index=i, group_index=i // 2)) for i in range(4)] == [A, A, B, B]
+        engines[0].state = "replacing"  # its groups go to an engine that serves meanwhile
+        assert choose(Sample(index=0, group_index=0)) == B
+    finally:
+        direct.client.close()

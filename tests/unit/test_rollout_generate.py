@@ -422,3 +422,38 @@ def test_concurrency_is_bounded() -> None:
     out = asyncio.run(main())
     assert len(out) == 12 and all(s.status is Status.TRUNCATED for s in out)
     assert peak == 3
+
+
+def test_a_choice_of_engine_per_sample_is_asked_again_at_every_try() -> None:
+    """training.routingReplay bypasses the router (it drops return_routed_experts): each sample's
+    request goes to the engine ``url(sample)`` names, asked again after a failed try (a replaced
+    engine has a new address), with return_routed_experts; the answer's record lands in the sample."""
+    record = "AQAAAAIAAAA="
+    bodies: list[dict[str, Any]] = []
+
+    def script(call: int, body: dict[str, Any]) -> web.StreamResponse:
+        bodies.append(body)
+        if call == 1:
+            return web.json_response({"error": "engine going away"}, status=503)
+        reply = answer([4])
+        reply["meta_info"]["routed_experts"] = record
+        return web.json_response(reply)
+
+    samples = [Sample(index=i, group_index=i // 2, prompt_ids=[i + 1, 2]) for i in range(2)]
+    asked: list[tuple[int | None, str]] = []
+
+    async def run(url: str) -> list[Sample]:
+        def engine_for(sample: Sample) -> str:
+            # a dead address first (the engine being replaced), the live one after
+            target = url if asked else "http://127.0.0.1:9"
+            asked.append((sample.index, target))
+            return target
+
+        return await generate_samples(
+            engine_for, samples, PARAMS, retry=FAST, concurrency=1, routed_experts=True
+        )
+
+    asyncio.run(_with_server(script, run))
+    assert [index for index, _ in asked] == [0, 0, 0, 1]  # sample 0: dead address, 503, then served
+    assert all(body["return_routed_experts"] is True for body in bodies)
+    assert all(s.rollout_routed_experts == record and s.response_ids == [4] for s in samples)

@@ -145,6 +145,8 @@ suite_megatron() {
   step critic 600 "${T[@]}" $G/test_megatron_critic_gpu.py
   # a random Qwen3-MoE (Qwen3-30B-A3B scaled down) colocated with SGLang: experts trained and synced, EP 1
   step moe 600 "${T[@]}" $G/test_megatron_moe_gpu.py
+  # training.routingReplay on that MoE: SGLang's routing records reach the trainer and keep its log-probs
+  step routing-replay 600 "${T[@]}" $G/test_routing_replay_gpu.py
   # expert parallel 2 against 1 on that MoE shape (2 GPUs, the alltoall dispatcher), step times and MFU
   if two_gpus ep; then step ep 900 "${T[@]}" $G/test_megatron_ep_gpu.py; fi
   step optimizer-offload 600 "${T[@]}" $G/test_optimizer_offload_gpu.py

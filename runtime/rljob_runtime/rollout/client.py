@@ -50,6 +50,9 @@ class EngineClient:
         """``on_interrupt``: what Ctrl-C while waiting for the loop stops (the whole rollout side)."""
         self.spec = spec
         self.router_url = router_url
+        # training.routingReplay: each sample's engine, asked directly (the pinned sglang-router drops
+        # return_routed_experts from what it forwards); the manager sets it from the fleet
+        self.engine_for: Callable[[Sample], str] | None = None
         self.retry = retry
         self.concurrency = concurrency
         self.model_path = str(model_path) if model_path is not None else None
@@ -255,7 +258,7 @@ class EngineClient:
                     hold=hold,
                 )
             return await generate_samples(
-                self.router_url,
+                self.router_url if self.engine_for is None else self.engine_for,
                 samples,
                 params,
                 concurrency=self.concurrency,

@@ -33,6 +33,7 @@ from .launch import ActorKwargs, new_actor
 if TYPE_CHECKING:
     from rljob_api.spec import RLTrainingJobSpec
 
+    from ..data.sample import Sample
     from .router import Router
 
 log = logging.getLogger("rljob.rollout.manager")
@@ -96,6 +97,14 @@ class EngineFleet:
         while not serving() and self._replacements and self.client.fatal is None and not self.client.closed:
             await asyncio.sleep(0.5)
         return True
+
+    def engine_for(self, sample: Sample) -> str:
+        """The engine a sample's request goes to without the router (training.routingReplay): its
+        prompt group's among the serving engines, so the group's prompt prefix is cached there (any
+        engine while none serves: the request's retries wait for a replacement, then ask again)."""
+        serving = [e for e in self.engines if e.state == "serving"] or self.engines
+        key = sample.group_index if sample.group_index is not None else sample.index or 0
+        return serving[key % len(serving)].url
 
     # ---- health checks and replacement ----------------------------------------------------------
 

@@ -30,6 +30,7 @@ try is not counted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -218,9 +219,13 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], 
         raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
 
 
+# Where a request goes: one URL (the router), or a choice made again at every try (an engine, directly)
+Target = str | Callable[[], str]
+
+
 async def post_generate(
     session: aiohttp.ClientSession,
-    url: str,
+    url: Target,
     body: dict[str, Any],
     *,
     what: str,
@@ -230,16 +235,18 @@ async def post_generate(
     hold: Hold | None = None,
     resend_aborts: bool = True,
 ) -> tuple[dict[str, Any], int]:
-    """POST ``body`` to ``url``/generate with the retry policy of the module docstring.
+    """POST ``body`` to ``url``/generate with the retry policy of the module docstring (``url`` called
+    again at each try when it is a choice: a replaced engine has a new address).
 
-    Returns the answer and the number of tries; an abort comes back only while ``cancelled()``, or
-    at once without ``resend_aborts`` (the caller continues it and bounds the aborts itself).
-    ``what`` names the request in errors and logs (e.g. "sample 3").
+        Returns the answer and the number of tries; an abort comes back only while ``cancelled()``, or
+        at once without ``resend_aborts`` (the caller continues it and bounds the aborts itself).
+        ``what`` names the request in errors and logs (e.g. "sample 3").
     """
     failures = aborts = 0
     while True:
         try:
-            response = await _post(session, f"{url}/generate", body, retry.request_timeout_s)
+            base = url if isinstance(url, str) else url()
+            response = await _post(session, f"{base}/generate", body, retry.request_timeout_s)
         except _Retryable as exc:
             if hold is not None and await hold():
                 continue  # no engine was serving: a replacement is back now, the try does not count
@@ -260,7 +267,7 @@ async def post_generate(
 
 async def generate_one(
     session: aiohttp.ClientSession,
-    url: str,
+    url: Target,
     sample: Sample,
     params: dict[str, Any],
     *,
@@ -342,7 +349,7 @@ async def run_bounded(
 
 
 async def generate_samples(
-    url: str,
+    url: str | Callable[[Sample], str],
     samples: Sequence[Sample],
     params: dict[str, Any],
     *,
@@ -354,10 +361,11 @@ async def generate_samples(
     continue_aborted: bool = False,
     routed_experts: bool = False,
 ) -> list[Sample]:
-    """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once.
+    """Generate every sample (in place) through the router at ``url``, at most ``concurrency`` at once;
+    or, ``url`` a choice of engine per sample, straight to the engine it names at each try.
 
-    Resumable samples are continued; ``continue_aborted`` and ``routed_experts`` as in ``generate_one``. Raises
-    ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
+        Resumable samples are continued; ``continue_aborted`` and ``routed_experts`` as in ``generate_one``. Raises
+        ``GenerationError`` if one sample exhausts its retries; the others are cancelled then.
     """
     for sample in samples:
         request_body(sample, params)  # a bad sample fails before any request is sent
@@ -365,7 +373,7 @@ async def generate_samples(
     async def one(sample: Sample, http: aiohttp.ClientSession) -> Sample:
         return await generate_one(
             http,
-            url,
+            url if isinstance(url, str) else functools.partial(url, sample),
             sample,
             params,
             retry=retry,

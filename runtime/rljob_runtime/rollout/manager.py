@@ -70,6 +70,8 @@ class RolloutManager:
             health=health or HealthCheck.from_spec(spec),
             refresher=refresher,
         )
+        if spec.training.routing_replay:  # the pinned sglang-router drops return_routed_experts
+            self.client.engine_for = self.fleet.engine_for
         atexit.register(self.shutdown)
 
     @classmethod
