@@ -68,7 +68,7 @@ def replay_targets(mb: TrainBatch, *, layers: int, topk: int, experts: int, pack
 
 class RoutingReplay:
     """The routers of one model (policy or reference) and the records they replay, a micro-batch at a
-    time: ``load`` before its forward (``schedule.run_schedule``'s ``before_forward``), ``clear`` after
+    time: ``load`` before its forward (``schedule.run_schedule(replay=)``), ``clear`` after
     the schedule. Routers are found by their global layer number, so a pipeline stage replays its own
     layers; the process-wide ``RouterReplay`` list (every model's routers) is left alone."""
 
