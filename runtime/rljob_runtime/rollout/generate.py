@@ -238,9 +238,9 @@ async def post_generate(
     """POST ``body`` to ``url``/generate with the retry policy of the module docstring (``url`` called
     again at each try when it is a choice: a replaced engine has a new address).
 
-        Returns the answer and the number of tries; an abort comes back only while ``cancelled()``, or
-        at once without ``resend_aborts`` (the caller continues it and bounds the aborts itself).
-        ``what`` names the request in errors and logs (e.g. "sample 3").
+    Returns the answer and the number of tries; an abort comes back only while ``cancelled()``, or
+    at once without ``resend_aborts`` (the caller continues it and bounds the aborts itself).
+    ``what`` names the request in errors and logs (e.g. "sample 3").
     """
     failures = aborts = 0
     while True:
