@@ -226,7 +226,13 @@ def test_a_crash_looping_head_behind_a_full_node_fails_the_job_when_asked(
 
     st = wait_for("Failed after the startup timeout", failed, operator, timeout=STARTUP_TIMEOUT + 30)
     assert condition(st, "Failed")["reason"] == "CrashLoopBackOff"
-    assert crd.get("rayjob", "crowded", namespace)["spec"]["suspend"] is True
+    # The status is written first, the RayJob suspended in the same pass just after (reconcile.py).
+    wait_for(
+        "the RayJob suspended",
+        lambda: (crd.get("rayjob", "crowded", namespace)["spec"].get("suspend") is True) or None,
+        operator,
+        timeout=10,
+    )
     wait_for(
         "the job's pods deleted (their quota freed)",
         lambda: crd.list("pods", namespace, "rljob.dev/job=crowded") == [] or None,
