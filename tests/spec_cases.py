@@ -248,11 +248,31 @@ RULE_CASES = [
         {"training": {"megatronArgs": {"overlap-grad-reduce": "true", "ddp-bucket-size": "100"}}},
     ),
     Case(
-        "sequence-parallel-not-yet",
+        "sequence-parallel-not-yet-on-gpus",
         {"training": {"parallelism": {"sequenceParallel": True, "tensor": 2}}},
         "spec.training.parallelism.sequenceParallel",
-        "not supported by this runtime yet: training.parallelism.sequenceParallel",
+        "not supported by this runtime yet: training.parallelism.sequenceParallel (sequence parallelism is "
+        "not yet shown on GPUs",
         {"training": {"parallelism": {"tensor": 2}}},
+    ),
+    Case(
+        "sequence-parallel-needs-tensor-parallel",
+        {"training": {"parallelism": {"sequenceParallel": True}}},
+        "spec.training.parallelism.sequenceParallel",
+        "not supported by this runtime yet: training.parallelism.sequenceParallel at "
+        "training.parallelism.tensor 1",
+        {"training": {"parallelism": {"sequenceParallel": False}}},
+    ),
+    Case(
+        "sequence-parallel-not-with-a-critic",
+        {
+            "training": {"parallelism": {"sequenceParallel": True, "tensor": 2}},
+            "algorithm": {"advantageEstimator": "ppo"},
+        },
+        "spec.training.parallelism.sequenceParallel",
+        "not supported by this runtime yet: training.parallelism.sequenceParallel with "
+        "algorithm.advantageEstimator ppo",
+        {"training": {"parallelism": {"tensor": 2}}, "algorithm": {"advantageEstimator": "ppo"}},
     ),
     Case(
         "megatron-checkpoint-torch-backend",

@@ -34,7 +34,9 @@ class ParallelismSpec(ApiModel):
     )
     sequence_parallel: bool = Field(
         default=False,
-        description="Megatron sequence parallelism (with tensor > 1). Not supported yet: true is refused.",
+        description="Megatron sequence parallelism over the tensor-parallel ranks (tensor > 1, training.backend "
+        "megatron). Not supported yet: it has run only on CPU ranks in tests, not yet on GPUs, so true is "
+        "refused.",
     )
 
 

@@ -16,10 +16,12 @@ from rljob_runtime.data.sample import Sample
 LENGTHS = ((3, 1), (12, 28), (2, 5), (5, 0), (4, 9), (20, 20), (1, 2), (7, 14))
 
 
-def long_tail_samples(vocab_size: int, seed: int = 0) -> list[Sample]:
+def long_tail_samples(
+    vocab_size: int, seed: int = 0, lengths: tuple[tuple[int, int], ...] = LENGTHS
+) -> list[Sample]:
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for i, (p, r) in enumerate(LENGTHS):
+    for i, (p, r) in enumerate(lengths):
         prompt = torch.randint(1, vocab_size, (p,), generator=gen).tolist()
         response = torch.randint(1, vocab_size, (r,), generator=gen).tolist()
         mask = [0 if 3 <= j < 6 else 1 for j in range(r)]  # a masked span (tool output) where there is room

@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.tensor_parallel import layers as tp_layers
-from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import make_viewless_tensor
 
 from rljob_api.spec_training import MEGATRON_FUSIONS
+
+from .norms import RMSNorm
 
 # "swiglu" is megatron-core's own (bias_activation_fusion, torch.compile'd); the rest live here. The
 # names are the API's (training.fusions), so the CRD admits exactly what is built.
@@ -138,44 +139,17 @@ def _compiled_rms_norm() -> Callable[..., torch.Tensor]:
     return torch.compile(_rms_norm, dynamic=None)
 
 
-class FusedRMSNorm(torch.nn.Module):
-    """Drop-in for the local spec's ``WrappedTorchNorm`` (RMSNorm): the constructor megatron calls
-    (``config, hidden_size, eps``, ...), one fp32 ``weight`` of shape [hidden_size] initialised to ones
-    like ``torch.nn.RMSNorm``'s (so state-dict names, dtypes and ``convert.py`` are unchanged), and a
+class FusedRMSNorm(RMSNorm):
+    """``norms.RMSNorm`` (the local spec's ``WrappedTorchNorm`` with the constructor megatron calls,
+    one fp32 ``weight`` of shape [hidden_size] initialised to ones like ``torch.nn.RMSNorm``'s, so
+    state-dict names, dtypes and ``convert.py`` are unchanged, marked for sequence parallelism) with a
     forward of one compiled kernel (backward: inductor's dx and dweight reductions)."""
-
-    def __init__(
-        self,
-        config: TransformerConfig,
-        hidden_size: int,
-        eps: float = 1e-5,
-        persist_layer_norm: bool = False,
-        zero_centered_gamma: bool = False,
-        normalization: str = "RMSNorm",
-    ) -> None:
-        super().__init__()
-        # What WrappedTorchNorm refuses, refused here too (config fields win over the unused kwargs).
-        if config.normalization != "RMSNorm":
-            raise NotImplementedError(f"FusedRMSNorm: normalization={config.normalization!r}")
-        if config.layernorm_zero_centered_gamma or config.persist_layer_norm:
-            raise NotImplementedError("FusedRMSNorm: zero-centred gamma / persistent layer norm")
-        if config.memory_efficient_layer_norm:
-            raise NotImplementedError("FusedRMSNorm: memory_efficient_layer_norm")
-        self.normalized_shape = (hidden_size,)
-        self.eps = float(eps)
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))  # default dtype, as torch.nn.RMSNorm
-        # Megatron's own norms (TE, apex) mark their weights: finalize_model_grads all-reduces the
-        # grads of sequence-parallel ones over TP.
-        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]  # Megatron's mark
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [..., h] -> [tokens, h]: a view for Megatron's inputs, including k (a strided slice of the
         # qkv projection), so sequence, batch and head counts are one dynamic dim.
         rows = _graph_input(x.reshape(-1, x.shape[-1]), 0)
         return _compiled_rms_norm()(rows, self.weight, self.eps).view(x.shape)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
 
 
 # The original, captured at import: what install_rope_fusion compiles and uninstall puts back.

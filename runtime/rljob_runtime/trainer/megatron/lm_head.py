@@ -10,7 +10,8 @@ head, about 3 % of a 4B model's FLOPs) instead of keeping them.
 Tensor parallel: each rank holds the vocabulary rows [rank * V_local, (rank + 1) * V_local) of the
 weight (Megatron's ColumnParallelLinear layout) and the whole hidden states; the softmax statistics
 and the target logit are all-reduced over ``group``, and so is the hidden states' gradient (what
-ColumnParallelLinear's input copy does). Sequence parallelism is not supported.
+ColumnParallelLinear's input copy does). With sequence parallelism ``return_hidden_states`` gathers
+the states' sequence first.
 
 ``chunked_token_stats`` gives the entropy of each token's softmax too (from the same chunks; its
 gradient joins the log-probs' in one backward pass per chunk), and with ``fuse_wgrad`` accumulates the
@@ -252,12 +253,24 @@ def output_weight(gpt_model: Any) -> torch.Tensor:
 def return_hidden_states(gpt_model: Any) -> None:
     """Make ``gpt_model`` (called without labels) return its final hidden states [b, s, h] (after
     the final norm) where it returned logits: its output layer becomes the identity. The layer and its
-    weight stay (same parameter names, checkpoints and weight sync unchanged)."""
-    if gpt_model.config.sequence_parallel:
-        raise ValueError("the chunked LM head does not support sequence parallelism")
+    weight stay (same parameter names, checkpoints and weight sync unchanged).
 
-    def identity(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, None]:
-        return hidden_states, None
+    With sequence parallelism each tensor-parallel rank holds a slice of the sequence: the states are
+    gathered whole, as the output layer's input is, and in backward each rank keeps its slice of their
+    gradient, which is whole on every rank already (the chunked head all-reduces it over TP; a critic's
+    replicated value head computes it from the whole states)."""
+    if gpt_model.config.sequence_parallel:
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        def identity(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+            return gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False
+            ), None
+
+    else:
+
+        def identity(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+            return hidden_states, None
 
     gpt_model.output_layer.forward = types.MethodType(identity, gpt_model.output_layer)
 

@@ -39,6 +39,7 @@ from .convert import Tensors, hf_to_megatron, megatron_to_hf
 from .expert_parallel import gather_experts, is_expert, mark_experts
 from .fusions import FusedRMSNorm, check_fusions, install_rope_fusion, install_wgrad_fusion
 from .moe import moe_config_fields, shard_experts
+from .norms import RMSNorm
 from .parallel import Parallelism, padded_vocab_size, validate_parallelism
 from .rope import inv_freq as rope_inv_freq
 from .shard import from_stage, gather_tensor, shard_tp, to_stage
@@ -154,7 +155,9 @@ def transformer_config(
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
         context_parallel_size=par.cp,
-        sequence_parallel=False,  # the local spec's torch norms refuse it
+        # On with training.parallelism.sequenceParallel (``overrides``): the norms are then ours, which
+        # mark their weights for it (``norm_for``); megatron-core's torch norms refuse it.
+        sequence_parallel=False,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
@@ -174,31 +177,45 @@ def transformer_config(
     return TransformerConfig(**{**fields, **(overrides or {})})
 
 
-def layer_spec(shape: ModelShape, attention: Attention = "sdpa", fusions: Iterable[str] = ()) -> ModuleSpec:
+def norm_for(fusions: Iterable[str], sequence_parallel: bool = False) -> type:
+    """The norm of every slot: ``FusedRMSNorm`` with the "norm" fusion; else, under sequence
+    parallelism, ``norms.RMSNorm`` (the same computation as megatron-core's ``WrappedTorchNorm``, which
+    refuses it); else ``WrappedTorchNorm`` itself."""
+    if "norm" in check_fusions(fusions):
+        return FusedRMSNorm
+    return RMSNorm if sequence_parallel else WrappedTorchNorm
+
+
+def layer_spec(
+    shape: ModelShape,
+    attention: Attention = "sdpa",
+    fusions: Iterable[str] = (),
+    sequence_parallel: bool = False,
+) -> ModuleSpec:
     """megatron-core's local layer spec (torch norms, Megatron's parallel linears), with SdpaAttention
-    as the core attention for "sdpa" ("local" keeps DotProductAttention) and, with the "norm" fusion,
-    ``FusedRMSNorm`` in every norm slot of the layer (input, pre-MLP, q and k)."""
+    as the core attention for "sdpa" ("local" keeps DotProductAttention) and ``norm_for``'s norm in
+    every norm slot of the layer (input, pre-MLP, q and k)."""
     spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    return _our_layer(spec, attention, check_fusions(fusions))
+    return _our_layer(spec, attention, norm_for(fusions, sequence_parallel))
 
 
-def _our_layer(spec: ModuleSpec, attention: Attention, fusions: frozenset[str]) -> ModuleSpec:
+def _our_layer(spec: ModuleSpec, attention: Attention, norm: type) -> ModuleSpec:
     """``spec`` (a local-spec layer, dense or MoE) with ``layer_spec``'s attention and norms."""
     if attention not in ("sdpa", "local"):
         raise ValueError(f"attention must be 'sdpa' or 'local', got {attention!r}")
-    if attention == "local" and "norm" not in fusions:
+    if attention == "local" and norm is WrappedTorchNorm:
         return spec
     spec = copy.deepcopy(spec)  # a copy: the spec's objects stay as megatron-core built them
     layer: Any = spec.submodules  # TransformerLayerSubmodules (ModuleSpec types it as object)
     if attention == "sdpa":
         layer.self_attention.submodules.core_attention = SdpaAttention
-    if "norm" in fusions:
+    if norm is not WrappedTorchNorm:
         attn = layer.self_attention.submodules
         slots = [(layer, "input_layernorm"), (layer, "pre_mlp_layernorm")]
         slots += [(attn, "q_layernorm"), (attn, "k_layernorm")]
         for owner, name in slots:
             if getattr(owner, name) is WrappedTorchNorm:  # q/k are IdentityOp without qk-norm
-                setattr(owner, name, FusedRMSNorm)
+                setattr(owner, name, norm)
     return spec
 
 
@@ -207,14 +224,14 @@ def moe_decoder_spec(
 ) -> TransformerBlockSubmodules:
     """An MoE model's ``transformer_layer_spec``: megatron-core's block spec of this stage's layers
     (dense or MoE by the config's ``moe_layer_freq``; local modules, SequentialMLP experts), each with
-    ``layer_spec``'s attention and norms, and ``FusedRMSNorm`` as the final norm with the "norm" fusion."""
+    ``layer_spec``'s attention and norms, and ``norm_for``'s norm as the final norm."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    fusions = check_fusions(fusions)
+    norm = norm_for(fusions, config.sequence_parallel)
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     return TransformerBlockSubmodules(
-        layer_specs=[_our_layer(spec, attention, fusions) for spec in block.layer_specs],
-        layer_norm=FusedRMSNorm if "norm" in fusions else block.layer_norm,
+        layer_specs=[_our_layer(spec, attention, norm) for spec in block.layer_specs],
+        layer_norm=block.layer_norm if norm is WrappedTorchNorm else norm,
     )
 
 
@@ -230,13 +247,13 @@ def allow_moe_without_te() -> None:
 
 def decoder_spec(config: TransformerConfig, layer: ModuleSpec, fusions: Iterable[str] = ()) -> Any:
     """What GPTModel takes as ``transformer_layer_spec``: the layer spec itself (TransformerBlock then
-    adds megatron-core's default final norm, WrappedTorchNorm without TE/apex), or with the "norm"
-    fusion this stage's layers and ``FusedRMSNorm`` as the final norm, which a layer spec cannot name."""
-    if "norm" not in check_fusions(fusions):
+    adds megatron-core's default final norm, WrappedTorchNorm without TE/apex), or, where ``norm_for``
+    picks another norm, this stage's layers and that norm as the final norm, which a layer spec cannot
+    name."""
+    norm = norm_for(fusions, config.sequence_parallel)
+    if norm is WrappedTorchNorm:
         return layer
-    return TransformerBlockSubmodules(
-        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=FusedRMSNorm
-    )
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=norm)
 
 
 def build_gpt_model(
@@ -278,7 +295,7 @@ def build_gpt_model(
         allow_moe_without_te()
         spec: Any = moe_decoder_spec(config, attention, fusions)
     else:
-        spec = decoder_spec(config, layer_spec(shape, attention, fusions), fusions)
+        spec = decoder_spec(config, layer_spec(shape, attention, fusions, config.sequence_parallel), fusions)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -102,7 +102,8 @@ def _expert_problems(shape: ModelShape, *, tp: int, cp: int, dp: int, ep: int) -
     """Expert parallelism's rules. megatron-core 0.16.1 (``initialize_model_parallel``) needs the world
     size divisible by expert tensor x expert x pipeline sizes; we pass expert tensor parallel size 1,
     so ``ep`` must divide tp * cp * dp. Each EP rank holds num_experts / ep whole experts. MoE layers
-    with tp > 1 need sequence parallelism, which the local spec's torch norms refuse."""
+    with tp > 1 need sequence parallelism, not yet supported with MoE models (their routers would see
+    each rank's slice of the sequence, untested)."""
     moe = shape.moe
     field = "training.parallelism.expert"
     if moe is None:
@@ -119,6 +120,6 @@ def _expert_problems(shape: ModelShape, *, tp: int, cp: int, dp: int, ep: int) -
     if tp > 1:
         problems.append(
             f"tensor parallel size {tp} with {moe.num_experts} experts needs sequence parallelism, "
-            "which the local layer spec's norms refuse: set training.parallelism.tensor to 1"
+            "not supported yet with MoE models: set training.parallelism.tensor to 1"
         )
     return problems

@@ -36,14 +36,23 @@ class ModelOptions:
     recompute: Literal["full"] | None = None
     megatron: MegatronOverrides = field(default_factory=MegatronOverrides)
     routing_replay: bool = False  # training.routingReplay: MoE routers built for replay
+    sequence_parallel: bool = False  # training.parallelism.sequenceParallel (with tensor parallelism)
 
-    def config_overrides(self, shape: ModelShape) -> dict[str, Any]:
-        """TransformerConfig fields over ``model.transformer_config``'s: megatronArgs, and routing
-        replay for an MoE model's routers."""
-        out = dict(self.megatron.transformer)
+    def structure_overrides(self, shape: ModelShape, tp: int) -> dict[str, Any]:
+        """TransformerConfig fields the policy and its reference model share: routing replay for an
+        MoE model's routers, sequence parallelism over tensor-parallel ranks (megatron-core refuses it
+        at tensor parallel 1)."""
+        out: dict[str, Any] = {}
         if self.routing_replay and shape.moe is not None:
             out["moe_enable_routing_replay"] = True
+        if self.sequence_parallel and tp > 1:
+            out["sequence_parallel"] = True
         return out
+
+    def config_overrides(self, shape: ModelShape, tp: int = 1) -> dict[str, Any]:
+        """TransformerConfig fields over ``model.transformer_config``'s: megatronArgs and
+        ``structure_overrides``."""
+        return {**self.megatron.transformer, **self.structure_overrides(shape, tp)}
 
 
 def model_options(spec: RLTrainingJobSpec, fusions: Iterable[str] | None = None) -> ModelOptions:
@@ -60,6 +69,7 @@ def model_options(spec: RLTrainingJobSpec, fusions: Iterable[str] | None = None)
         recompute="full" if training.recompute_activations else None,
         megatron=megatron_overrides(training.megatron_args),
         routing_replay=training.routing_replay,
+        sequence_parallel=training.parallelism.sequence_parallel,
     )
 
 
@@ -120,7 +130,7 @@ def build_policy(
         recompute=options.recompute,
         attention=attention,
         fusions=options.fusions,
-        config_overrides=options.config_overrides(shape),
+        config_overrides=options.config_overrides(shape, par.tp),
     )
     if initial is not None:  # before the optimizer copies its main params (and DDP its param buffer)
         initial(model)
@@ -190,9 +200,12 @@ def build_reference(
     from .lm_head import chunked_head, return_hidden_states
     from .model import build_gpt_model
 
-    replay = {"moe_enable_routing_replay": True} if options.routing_replay and shape.moe is not None else None
     ref = build_gpt_model(
-        shape, par, dtype=dtype, fusions=options.fusions - {"wgrad"}, config_overrides=replay
+        shape,
+        par,
+        dtype=dtype,
+        fusions=options.fusions - {"wgrad"},
+        config_overrides=options.structure_overrides(shape, par.tp) or None,
     )
     initial(ref)
     ref = ref.eval().requires_grad_(False)

@@ -79,29 +79,54 @@ def token_stats(
 
 
 def model_inputs(
-    mb: TrainBatch, device: torch.device, *, packed: bool
+    mb: TrainBatch, device: torch.device, *, packed: bool, multiple: int = 1
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """GPTModel's arguments for micro-batch ``mb``: (input_ids, position_ids, attention_mask) and, packed,
     the rows end to end ([1, N]) with their ``PackedSeqParams`` (thd) and no mask (SdpaAttention reads
-    the rows' bounds from the params); padded, [b, s] with Megatron's causal mask."""
+    the rows' bounds from the params); padded, [b, s] with Megatron's causal mask.
+
+    ``multiple``: the sequence is padded to a multiple of it (sequence parallelism splits it over the
+    tensor-parallel ranks): padded rows get more padding at their end, packed rows one more row of
+    padding after the last. Either way no real token attends to it, and the logits are read at the
+    real tokens' positions only."""
     if packed:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         p = mb.packed().to(device)
+        ids, positions, cu_seqlens, longest = p.input_ids, p.position_ids, p.cu_seqlens, p.max_seqlen
+        if extra := -ids.shape[1] % multiple:
+            ids = torch.nn.functional.pad(ids, (0, extra))
+            positions = torch.cat(
+                [positions, torch.arange(extra, device=device, dtype=positions.dtype)[None]], 1
+            )
+            cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[-1:] + extra])
+            longest = max(int(longest), extra)
         params = PackedSeqParams(
             qkv_format="thd",
-            cu_seqlens_q=p.cu_seqlens,
-            cu_seqlens_kv=p.cu_seqlens,
-            max_seqlen_q=p.max_seqlen,
-            max_seqlen_kv=p.max_seqlen,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest,
         )
-        return (p.input_ids, p.position_ids, None), {"packed_seq_params": params}
+        return (ids, positions, None), {"packed_seq_params": params}
     from .model import causal_mask
 
     ids = mb.input_ids.to(device)
+    if extra := -ids.shape[1] % multiple:
+        ids = torch.nn.functional.pad(ids, (0, extra))
     b, s = ids.shape
     positions = torch.arange(s, device=device)[None].expand(b, s)
     return (ids, positions, causal_mask(s, device)), {}
+
+
+def sequence_multiple(model: Any) -> int:
+    """What the sequence length must be a multiple of: the tensor-parallel size under sequence
+    parallelism (each rank takes an equal slice), else 1."""
+    if not model.config.sequence_parallel:
+        return 1
+    from megatron.core import parallel_state as ps
+
+    return int(ps.get_tensor_model_parallel_world_size())
 
 
 def run_schedule(
@@ -122,15 +147,18 @@ def run_schedule(
     routing records are loaded into ``model``'s routers before its forward, and cleared at the end."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    multiple = sequence_multiple(model)
+
     def forward_step(data: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         mb = next(data)
-        args, kwargs = model_inputs(mb, device, packed=packed)
+        args, kwargs = model_inputs(mb, device, packed=packed, multiple=multiple)
         if replay is not None:
             replay.load(mb, device)
         return chunk(*args, **kwargs), partial(loss_fn, mb)
 
     def tokens(mb: TrainBatch) -> int:
-        return sum(mb.sequence_lengths()) if packed else int(mb.input_ids.shape[1])
+        n = sum(mb.sequence_lengths()) if packed else int(mb.input_ids.shape[1])
+        return n + -n % multiple
 
     try:
         return get_forward_backward_func()(
