@@ -5,11 +5,9 @@ binaries on first use) and stops it at the end of the session unless ``RLJOB_KEE
 When the harness cannot start, every test using it fails with the harness's message: e2e tests
 are never skipped silently, so CI notices.
 
-`make test-e2e` runs the tests in one process, the `make demo` test first (`pytest_collection_modifyitems`
-below): it starts a control plane of its own and trains on CPU for most of its ten minutes, and it ran
-three times slower after the other tests, beside what they leave running (the shared cluster, its
-operator and Ray). Running the tests on two pytest-xdist workers made the total no shorter: every
-test keeps both cores busy.
+`make test-e2e` runs the tests in one process: on two pytest-xdist workers (a control plane each)
+the tier took no less time when tried. `make demo`'s own test runs in the real-pod tier
+(tests/realpods).
 """
 
 from __future__ import annotations
