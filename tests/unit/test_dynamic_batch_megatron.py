@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 import torch.distributed as dist
-from packing_cases import advantages_for, long_tail_samples
+from packing_cases import LENGTHS, advantages_for, long_tail_samples
 from spawned_ranks import spawn_ranks
 from test_megatron_reshard import CONFIG, cpu_training, trainer, write_model
 
@@ -52,14 +52,16 @@ def make_spec(model: Path, *, dynamic: bool, tp: int = 1, pp: int = 1, gpus: int
     )
 
 
-def one_step(rank: Any, spec: RLTrainingJobSpec) -> dict[str, Any]:
-    """Under ``spec``: logprobs, then one optimizer step on this rank's rows whose update is skipped
-    (the same rank then runs the other spec from the same weights; one model build saved); the
-    main grads it would have stepped with."""
+def one_step(
+    rank: Any, spec: RLTrainingJobSpec, lengths: tuple[tuple[int, int], ...] = LENGTHS
+) -> dict[str, Any]:
+    """Under ``spec``: logprobs, then one optimizer step on this rank's rows of ``long_tail_samples``
+    (of ``lengths``) whose update is skipped (the same rank then runs the other spec from the same
+    weights; one model build saved); the main grads it would have stepped with."""
     from megatron.core import parallel_state as ps
 
     rank.spec = spec
-    full = build_batch(long_tail_samples(CONFIG["vocab_size"]))
+    full = build_batch(long_tail_samples(CONFIG["vocab_size"], lengths=lengths))
     rows = rank_rows(full.size, 8, ps.get_data_parallel_world_size(), ps.get_data_parallel_rank())
     batch: TrainBatch = full.select(rows)
     grads: dict[str, torch.Tensor] = {}

@@ -19,13 +19,13 @@ import torch
 pytest.importorskip("megatron.core")
 
 import torch.distributed as dist
-from packing_cases import LENGTHS, advantages_for, long_tail_samples
+from packing_cases import LENGTHS, long_tail_samples
 from spawned_ranks import spawn_ranks
-from test_dynamic_batch_megatron import make_spec, same_step
+from test_dynamic_batch_megatron import make_spec, one_step, same_step
 from test_megatron_reshard import CONFIG, cpu_training, trainer, write_model
 
 from rljob_api.spec import RLTrainingJobSpec
-from rljob_runtime.trainer.base import TrainBatch, build_batch, rank_rows
+from rljob_runtime.trainer.base import build_batch
 
 # LENGTHS with two responses a token shorter: the longest row is 39 tokens, odd.
 ODD = tuple((p, r - 1) if p + r == 40 else (p, r) for p, r in LENGTHS)
@@ -44,39 +44,17 @@ def spec_for(
     )
 
 
-def one_step(rank: Any, spec: RLTrainingJobSpec) -> dict[str, Any]:
-    """test_dynamic_batch_megatron's one_step on the odd-length rows: log-probs, then the main grads of
-    one optimizer step (its update skipped)."""
-    from megatron.core import parallel_state as ps
-
-    rank.spec = spec
-    full = build_batch(long_tail_samples(CONFIG["vocab_size"], lengths=ODD))
-    rows = rank_rows(full.size, 8, ps.get_data_parallel_world_size(), ps.get_data_parallel_rank())
-    batch: TrainBatch = full.select(rows)
-    grads: dict[str, torch.Tensor] = {}
-
-    def record() -> tuple[bool, float, None]:
-        for name, p in rank.model.module.named_parameters():
-            grads[name] = p.main_grad.detach().clone()
-        return True, 0.0, None
-
-    rank.optimizer.step = record
-    lp = rank.logprobs(batch)
-    adv = advantages_for(batch.size, batch.width) * batch.loss_mask
-    metrics = rank.train(batch, adv, lp.logp, lp.ref_logp)
-    plan = rank._plan(batch)
+def one_step_odd(rank: Any, spec: RLTrainingJobSpec) -> dict[str, Any]:
+    """test_dynamic_batch_megatron's one_step on the rows of ODD lengths (all of them on each rank: data
+    parallel 1), with the padded width and each packed micro-batch's tokens."""
+    out = one_step(rank, spec, lengths=ODD)
+    batch = build_batch(long_tail_samples(CONFIG["vocab_size"], lengths=ODD))
     lengths = batch.sequence_lengths()
+    rows = [range(len(lengths))[mb] if isinstance(mb, slice) else mb for step in out["plan"] for mb in step]
     return {
-        "lp": lp,
-        "metrics": metrics,
-        "grads": grads,
-        "plan": plan,
+        **out,
         "width": int(batch.input_ids.shape[1]),
-        "packed_tokens": [
-            sum(lengths[mb] if isinstance(mb, slice) else [lengths[i] for i in mb])
-            for step in plan
-            for mb in step
-        ],
+        "packed_tokens": [sum(lengths[i] for i in r) for r in rows],
     }
 
 
@@ -97,10 +75,12 @@ def _cases(model: Path, rank: int) -> dict[str, Any]:
                 if "layernorm" in n and getattr(p, "sequence_parallel", False)
             ),
             "norms": sorted(n for n, _ in gpt.named_parameters() if "layernorm" in n),
-            "padded": one_step(r, spec_for(model, sequence_parallel=sp, dynamic=False, head=head)),
+            "padded": one_step_odd(r, spec_for(model, sequence_parallel=sp, dynamic=False, head=head)),
         }
         if head == "chunked":
-            out[name]["packed"] = one_step(r, spec_for(model, sequence_parallel=sp, dynamic=True, head=head))
+            out[name]["packed"] = one_step_odd(
+                r, spec_for(model, sequence_parallel=sp, dynamic=True, head=head)
+            )
     return out
 
 

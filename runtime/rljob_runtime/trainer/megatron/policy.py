@@ -49,7 +49,7 @@ class ModelOptions:
             out["sequence_parallel"] = True
         return out
 
-    def config_overrides(self, shape: ModelShape, tp: int = 1) -> dict[str, Any]:
+    def config_overrides(self, shape: ModelShape, tp: int) -> dict[str, Any]:
         """TransformerConfig fields over ``model.transformer_config``'s: megatronArgs and
         ``structure_overrides``."""
         return {**self.megatron.transformer, **self.structure_overrides(shape, tp)}
