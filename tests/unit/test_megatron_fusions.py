@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 pytest.importorskip("megatron.core")
@@ -287,7 +288,9 @@ def test_rope_install_routes_megatron_apply_and_uninstalls(
     monkeypatch.setattr(fz, "_compiled_rope", lambda: lambda *a, **k: calls.append(1) or original(*a, **k))
     config = SimpleNamespace(apply_rope_fusion=False, rotary_interleaved=False, multi_latent_attention=False)
     q, _ = _qk(torch.float32)
-    rope_utils.apply_rotary_pos_emb(q, _freqs(10), config=config)  # type: ignore[arg-type]
+    # cp_group given: without it megatron asks parallel_state, which only an earlier model build in
+    # this worker would have set up (xdist may run this test first).
+    rope_utils.apply_rotary_pos_emb(q, _freqs(10), config=config, cp_group=dist.group.WORLD)  # type: ignore[arg-type]
     assert calls == [1]
     fz.uninstall_rope_fusion()
     assert not fz.rope_fusion_installed() and rope_utils._apply_rotary_pos_emb_bshd is original
