@@ -73,11 +73,11 @@ docs-check: venv ## fail when docs/api-reference.md is stale, or a file tells ho
 test-unit: venv ## unit tests (no cluster, no GPU)
 	$(PY) -m pytest tests/unit -q -n 2 --durations=15
 
-test-integration: venv ## integration tests (real sglang-router, hf engines, local processes)
-	$(PY) -m pytest tests/integration -q --durations=15
+test-integration: venv ## integration tests (real sglang-router, hf engines, local processes; two xdist workers)
+	$(PY) -m pytest tests/integration -q -n 2 --dist loadfile --durations=15
 
-test-e2e: venv ## e2e tests against the local control plane (starts it if needed)
-	$(PY) -m pytest tests/e2e -q -m e2e --durations=25
+test-e2e: venv ## e2e tests against local control planes (one per xdist worker; started if needed)
+	$(PY) -m pytest tests/e2e -q -m e2e -n 2 --dist loadfile --durations=25
 
 test-realpods: venv images ## real pods: the images checked inside, a real node, the operator as a pod (root)
 	$(PY) -m pytest tests/realpods -q -m realpods --durations=15

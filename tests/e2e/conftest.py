@@ -5,9 +5,10 @@ binaries on first use) and stops it at the end of the session unless ``RLJOB_KEE
 When the harness cannot start, every test using it fails with the harness's message: e2e tests
 are never skipped silently, so CI notices.
 
-`make test-e2e` runs the tests in one process: on two pytest-xdist workers (a control plane each)
-the tier took no less time when tried. `make demo`'s own test runs in the real-pod tier
-(tests/realpods).
+`make test-e2e` runs the tests on two pytest-xdist workers, each module whole on one of them
+(``--dist loadfile``: a module's operator fixture serves its tests), each worker with a control plane
+of its own (``cluster_name``). The devcluster's machine-wide lock keeps the two starts from taking
+the same ports. `make demo`'s own test runs in the real-pod tier (tests/realpods).
 """
 
 from __future__ import annotations
@@ -113,9 +114,17 @@ def _status(name: str) -> tuple[bool, dict[str, Any]]:
     return proc.returncode == 0 and bool(info.get("ok")), info
 
 
+def cluster_name() -> str:
+    """RLJOB_CLUSTER (default rljob-dev); on a pytest-xdist worker its id appended: each worker has
+    a control plane of its own (two operators on one API server would reconcile each other's jobs)."""
+    name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{name}-{worker}" if worker else name
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    name = os.environ.get("RLJOB_CLUSTER", "rljob-dev")
+    name = cluster_name()
     ok, info = _status(name)
     started = False
     if not ok:

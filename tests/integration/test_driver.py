@@ -5,7 +5,9 @@ TensorBoard, resume. Colocated and disaggregated; dynamic sampling; ppo with a c
 from __future__ import annotations
 
 import math
+import os
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,15 +78,29 @@ def _live_placement_groups() -> list[str]:
     return [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 
 
+def uninterrupted_batches(spec: Any, steps: int) -> list[list[int]]:
+    """The prompt rows (group indices) of each step of an uninterrupted synchronous run: the run's
+    own data source, from its start, one rollout batch a step (``RunResult.batches``)."""
+    source = prepare(spec).source
+    return [sorted({p.index for p in source.next_batch(spec.rollout.batch_size)}) for _ in range(steps)]
+
+
 def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(
     model_dir: Path, tmp_path: Path, one_ray_for_the_test: None
 ) -> None:
-    spec = spec_for(model_dir, tmp_path / "full")
+    """A run stopped after step 1, then resumed: steps 2 and 3 train the prompts an uninterrupted
+    run would have (none twice, none skipped); metrics each step, checkpoints kept by maxToKeep,
+    TensorBoard, and the Ray bundles given back between the runs."""
+    spec = spec_for(model_dir, tmp_path / "ckpt")
+    first = run(prepare(spec), RunOptions(stop_after=1))
+    assert first.steps_done == 1 and store.completed_steps(tmp_path / "ckpt") == [1]
+    assert first.history[0]["train/ppo_kl"] == 0.0  # first step is on-policy
+    assert _live_placement_groups() == []  # the next run reuses this Ray
     seen: list[dict[str, float]] = []
-    full = run(prepare(spec), RunOptions(tensorboard_dir=str(tmp_path / "tb"), on_step=seen.append))
-    assert full.steps_done == 3 and len(full.history) == 3
-    assert seen == full.history  # each step's metrics as it ends
-    for metrics in full.history:
+    rest = run(prepare(spec), RunOptions(tensorboard_dir=str(tmp_path / "tb"), on_step=seen.append))
+    assert rest.steps_done == 3 and len(rest.history) == 2
+    assert seen == rest.history  # each step's metrics as it ends
+    for metrics in first.history + rest.history:
         assert {
             "reward/mean",
             "train/ppo_kl",
@@ -93,18 +109,9 @@ def test_colocated_loop_checkpoints_and_resumes_to_the_same_batches(
             "response_length/mean",
         } <= metrics.keys()
         assert metrics["sync/bytes"] > 0
-    assert full.history[0]["train/ppo_kl"] == 0.0  # first step is on-policy
-    assert store.completed_steps(tmp_path / "full") == [2, 3]  # maxToKeep 2
+    assert store.completed_steps(tmp_path / "ckpt") == [2, 3]  # maxToKeep 2
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    assert _live_placement_groups() == []  # the next two runs reuse this Ray
-
-    # Stop after one step, then resume: step 2 and 3 use the same prompts as the uninterrupted run.
-    resumed_spec = spec_for(model_dir, tmp_path / "resumed")
-    first = run(prepare(resumed_spec), RunOptions(stop_after=1))
-    assert first.steps_done == 1 and store.completed_steps(tmp_path / "resumed") == [1]
-    rest = run(prepare(resumed_spec), RunOptions())
-    assert rest.steps_done == 3 and len(rest.history) == 2
-    assert first.batches + rest.batches == full.batches
+    assert first.batches + rest.batches == uninterrupted_batches(spec, 3)
 
 
 def test_disaggregated_async_loop_with_two_rollouts_ahead_resumes_with_both(
@@ -253,26 +260,67 @@ def test_bad_config_fails_before_ray_starts(model_dir: Path, tmp_path: Path) -> 
     assert not ray.is_initialized()
 
 
-def _our_processes() -> dict[int, str]:
-    """Processes a run starts: engines, the router, Ray's daemons and workers."""
-    markers = (
-        "rljob_runtime.rollout.hf_server",
-        "sglang_router",
-        "raylet",
-        "gcs_server",
-        "ray::",
-        "default_worker.py",
-    )
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+_MARKERS = (
+    "rljob_runtime.rollout.hf_server",
+    "sglang_router",
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "default_worker.py",
+)
+
+
+class RunProcesses:
+    """The processes one run starts (engines, the router, Ray's daemons and workers), told apart from
+    another test's beside it (a second pytest-xdist worker): the run's descendants seen while it runs,
+    and any process whose environment holds the run's tag (inherited from the run; Ray's agents
+    rewrite theirs, so the descendants are needed too). Each is known by pid and start time, so a
+    pid used again by another process is not taken for it."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex
+        self.seen: dict[tuple[int, float], str] = {}
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "RLJOB_TEST_RUN": self.tag}
+
+    def look(self, root: int) -> dict[tuple[int, float], str]:
+        """Record the run's processes alive now (``root``: the run's own process); returns them."""
+        import psutil
+
+        try:
+            descendants = {p.pid for p in psutil.Process(root).children(recursive=True)}
+        except psutil.Error:
+            descendants = set()
+        now = {}
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
             try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if not any(m in cmd for m in _MARKERS):
+                    continue
+                if (
+                    proc.pid in descendants
+                    or self.tag.encode() in Path(f"/proc/{proc.pid}/environ").read_bytes()
+                ):
+                    now[(proc.pid, proc.info["create_time"])] = cmd
+            except (psutil.Error, OSError):
                 continue
-            if any(m in cmd for m in markers):
-                found[int(entry.name)] = cmd
-    return found
+        self.seen.update(now)
+        return now
+
+    def alive(self, root: int) -> dict[tuple[int, float], str]:
+        """Those recorded (or tagged) processes still running."""
+        import psutil
+
+        self.look(root)
+        left = {}
+        for (pid, started), cmd in self.seen.items():
+            try:
+                if psutil.Process(pid).create_time() == started:
+                    left[(pid, started)] = cmd
+            except psutil.Error:
+                continue
+        return left
 
 
 def test_a_sigterm_finishes_the_step_saves_it_and_the_resumed_run_trains_the_same_batches(
@@ -293,9 +341,6 @@ def test_a_sigterm_finishes_the_step_saves_it_and_the_resumed_run_trains_the_sam
         doc["checkpoint"]["saveInterval"] = 100  # only the last step's save, and the preemption's
         return parse_spec(doc)
 
-    full = run(prepare(spec(tmp_path / "full")), RunOptions())
-    assert store.completed_steps(tmp_path / "full") == [5]
-
     def sigterm_in_step_2(metrics: dict[str, float]) -> None:
         if metrics["step"] == 1:  # step 2 starts as this returns
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
@@ -315,13 +360,14 @@ def test_a_sigterm_finishes_the_step_saves_it_and_the_resumed_run_trains_the_sam
         preemption.reset()
     assert not rest.preempted and rest.steps_done == 5
     assert [h["step"] for h in rest.history] == list(range(first.steps_done + 1, 6))
-    assert first.batches + rest.batches == full.batches
+    # the preemption's checkpoint and the last step's: saveInterval saved none between
+    assert store.completed_steps(tmp_path / "preempted") == [first.steps_done, 5]
+    assert first.batches + rest.batches == uninterrupted_batches(spec(tmp_path / "preempted"), 5)
 
 
 def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    import os
     import signal
     import subprocess
     import sys
@@ -342,7 +388,7 @@ def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans
             }
         )
     )
-    before = set(_our_processes())
+    run_processes = RunProcesses()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -357,7 +403,7 @@ def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**run_processes.env(), "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
@@ -367,7 +413,7 @@ def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans
         if line.lstrip("[ ").startswith("1/200") or time.monotonic() > deadline:
             break
     assert any(line.lstrip("[ ").startswith("1/200") for line in lines), "".join(lines[-30:])
-    assert set(_our_processes()) - before, "the run started no engine or Ray process"
+    assert run_processes.look(proc.pid), "the run started no engine or Ray process"
     proc.send_signal(signal.SIGTERM)  # preempted: the step in flight finishes and is saved
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED, out[-2000:]
@@ -377,9 +423,7 @@ def test_sigterm_mid_run_exits_preempted_with_a_checkpoint_and_leaves_no_orphans
     )
     assert store.completed_steps(tmp_path / "ckpt")[-1] == int(last.split()[4].rstrip(";"))
     deadline = time.monotonic() + 30
-    while (
-        left := {p: c for p, c in _our_processes().items() if p not in before}
-    ) and time.monotonic() < deadline:
+    while (left := run_processes.alive(proc.pid)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"orphans: {left}"
 

@@ -97,7 +97,9 @@ def _spec(model: Path) -> Any:
         "training": {"backend": "torch", "globalBatchSize": 8, "microBatchSize": 1},
         "resources": {"device": "cpu", "colocate": True, "trainer": {"nodes": 1, "gpusPerNode": 2}},
         "faultTolerance": {
-            "engineHealthCheck": {"firstWaitSeconds": 0, "intervalSeconds": 1, "timeoutSeconds": 20},
+            # a killed engine fails its check at once (connection refused); the long timeout is for
+            # live engines slowed by other tests beside this module (a second pytest-xdist worker)
+            "engineHealthCheck": {"firstWaitSeconds": 0, "intervalSeconds": 1, "timeoutSeconds": 90},
             "maxEngineRestarts": 3,
         },
     }
