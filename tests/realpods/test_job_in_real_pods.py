@@ -480,7 +480,7 @@ def test_make_demo_runs_in_real_pods_through_three_faults_learns_and_demo_down_r
         (e for e in real_cluster.list("events", ns) if of_this_job(e, final)),
         key=lambda e: int(e["metadata"]["resourceVersion"]),
     )
-    resumed = [e["message"] for e in events if e["reason"] == "Resumed"]
+    resumed = resumed_messages(real_cluster, name, ns)
     say(f"Resumed events: {resumed}")
     assert len(resumed) == 2, resumed
     # The first resume is the drained head's: from the step in flight at the deletion (or the one
